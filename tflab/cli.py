@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -80,7 +81,7 @@ def console() -> Console:
 
 def err_console() -> Console:
     """Rich console on stderr, for progress."""
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def host_gpus(spec: str | None) -> list[gpu_discovery.Gpu]:
@@ -88,6 +89,16 @@ def host_gpus(spec: str | None) -> list[gpu_discovery.Gpu]:
     if spec is not None:
         return gpu_discovery.parse_gpu_list(spec)
     return gpu_discovery.discover(proc.run)
+
+
+def lab_relative(path: str | None, root: Path) -> str | None:
+    """A folder given on the command line (relative to here), as tflab.yaml keeps it: relative to the lab."""
+    if path is None:
+        return None
+    folder = Path(path).resolve()
+    if not folder.is_dir():
+        raise UserError(f"{path}: no such folder")
+    return os.path.relpath(folder, root)
 
 
 def base_image(choice: str, has_gpus: bool) -> str:
@@ -132,6 +143,7 @@ def gen(
     root = lab.resolve()
     if (root / cfg.LAB_FILE).exists() and not force:
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
+    code, data = lab_relative(code, root), lab_relative(data, root)
     listed = host_gpus(gpus) if gpus_per_node > 0 or gpus is not None else []
     config = cfg.LabConfig(
         name=name or root.name or "lab",

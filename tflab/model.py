@@ -213,6 +213,7 @@ def node_env(
         "TFLAB_PS_HOSTS": ",".join(cluster.get("ps", [])),
         "TFLAB_WORKER_HOSTS": ",".join(cluster.get("worker", [])),
         "TFLAB_NUM_GPUS": str(gpus),
+        "PYTHONUNBUFFERED": "1",
     }
     if "chief" in cluster:
         env["TFLAB_CHIEF_HOST"] = cluster["chief"][0]
