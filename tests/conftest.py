@@ -1,0 +1,134 @@
+"""Shared fixtures: the fake nvidia-smi, the engine probe, unique labs cleaned up by label."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tflab import engine
+from tflab.cli import app
+from tflab.ports import port_free
+import typer.main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = bool(os.environ.get("CI"))
+cli = typer.main.get_command(app)
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    """Typer's CliRunner with stderr kept apart."""
+    return CliRunner(mix_stderr=False)
+
+
+@pytest.fixture
+def fake_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Put a fake nvidia-smi (eight H100s) first on PATH."""
+    monkeypatch.setenv("PATH", f"{FIXTURES / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return FIXTURES / "bin" / "nvidia-smi"
+
+
+@pytest.fixture
+def no_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A PATH on which there is no nvidia-smi at all."""
+    keep = [p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(keep))
+
+
+def free_port_base(count: int, low: int = 40000, high: int = 60000) -> int:
+    """A base such that `count` ports from it are free on loopback now."""
+    for _ in range(200):
+        base = random.randrange(low, high - count)
+        if all(port_free("127.0.0.1", p) for p in range(base, base + count)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its content (to show a failed command wrote nothing)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def compose_argv() -> list[str]:
+    """The compose v2 CLI; its absence fails the tests in CI (skip elsewhere)."""
+    try:
+        return engine.find_compose()
+    except Exception as exc:  # noqa: BLE001 - any failure to find compose is the same verdict
+        if IN_CI:
+            pytest.fail(f"compose v2 is required in CI: {exc}")
+        pytest.skip(f"no compose v2: {exc}")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The engine; missing in CI is a failure, not a skip."""
+    try:
+        return engine.client()
+    except Exception as exc:  # noqa: BLE001
+        if IN_CI:
+            pytest.fail(f"the Docker Engine is required in CI: {exc}")
+        pytest.skip(f"no Docker Engine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client) -> str:
+    """The local base image (debootstrap + pip tensorflow-cpu), built once if missing."""
+    done = subprocess.run(
+        [shutil.which("tflab") or "tflab", "base"], capture_output=True, text=True, timeout=1500,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return "tflab-base:cpu"
+
+
+class LabFactory:
+    """Makes labs with unique names, folders and ports; removes what they made, by label."""
+
+    def __init__(self, root: Path, client) -> None:
+        self.root = root
+        self.client = client
+        self.projects: list[str] = []
+
+    def gen(self, *args: str, nodes: int = 4, name: str | None = None, code: Path | None = None,
+            data: Path | None = None) -> Path:
+        from tflab import labfiles
+
+        lab = self.root / (name or f"lab-{uuid.uuid4().hex[:8]}")
+        count = nodes + 2
+        argv = [
+            "gen", "--lab", str(lab), "--nodes", str(nodes), "--base", "local",
+            "--ssh-port-base", str(free_port_base(count)),
+            "--tensorboard-port-base", str(free_port_base(count)),
+            "--name", f"t{uuid.uuid4().hex[:10]}", *args,
+        ]
+        if code is not None:
+            argv += ["--code", str(code)]
+        if data is not None:
+            argv += ["--data", str(data)]
+        result = CliRunner(mix_stderr=False).invoke(cli, argv)
+        assert result.exit_code == 0, result.stderr
+        self.projects.append(labfiles.open_lab(lab).project)
+        return lab
+
+    def cleanup(self) -> None:
+        from tflab import lab as lab_ops
+
+        for project in self.projects:
+            lab_ops.down(project, self.client)
+
+
+@pytest.fixture
+def labs(tmp_path: Path, docker_client, base_image) -> Iterator[LabFactory]:
+    """A LabFactory whose labs are torn down (by label) after the test."""
+    factory = LabFactory(tmp_path, docker_client)
+    yield factory
+    factory.cleanup()

@@ -1,0 +1,128 @@
+"""`tflab gen` end to end through CliRunner, and every bad input it must refuse cleanly."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import cli, snapshot
+
+
+def test_reference_case_from_the_fake_nvidia_smi(runner, fake_nvidia_smi: Path, tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    result = runner.invoke(cli, ["gen", "--nodes", "4", "--gpus-per-node", "2", "--lab", str(lab)])
+    assert result.exit_code == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1:4] for r in rows] == [
+        [" ps0     ", " ps             ", " 0,1  "],
+        [" worker0 ", " worker (chief) ", " 2,3  "],
+        [" worker1 ", " worker         ", " 4,5  "],
+        [" worker2 ", " worker         ", " 6,7  "],
+    ]
+    assert "127.0.0.1:20022" in rows[0] and "127.0.0.1:26009" in rows[3]
+    assert "GPU 7  [ worker2 ]  NVIDIA H100 80GB HBM3" in result.stdout
+    doc = yaml.safe_load((lab / "docker-compose.yml").read_text())
+    assert doc["services"]["ps0"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"]
+    assert doc["services"]["worker2"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["6", "7"]
+    saved = yaml.safe_load((lab / "tflab.yaml").read_text())
+    assert saved["gpus"][0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+    assert saved["image"]["base"] == "tensorflow/tensorflow:2.18.0-gpu"
+    private = lab / "keys" / "id_ed25519"
+    assert private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert oct(private.stat().st_mode & 0o777) == "0o600"
+    assert (lab / "keys" / "id_ed25519.pub").read_text().startswith("ssh-ed25519 ")
+
+
+def test_code_folder_brings_its_tasks_and_paths_are_kept_relative(runner, tmp_path: Path) -> None:
+    repo_examples = Path(__file__).resolve().parent.parent / "examples"
+    lab = tmp_path / "lab"
+    result = runner.invoke(cli, ["gen", "--lab", str(lab), "--code", str(repo_examples), "--ps", "0"])
+    assert result.exit_code == 0, result.stderr
+    saved = yaml.safe_load((lab / "tflab.yaml").read_text())
+    assert saved["code"] == os.path.relpath(repo_examples, lab)
+    assert saved["tasks"]["train"].startswith("python /workspace/mnist_async.py --job_name={job_name}")
+    assert saved["tasks"]["ps_strategy"] == {"command": "python /workspace/ps_strategy.py", "servers": ["ps", "worker"]}
+
+
+def test_force_overwrites_an_existing_lab(runner, tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    assert runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "2"]).exit_code == 0
+    result = runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "3", "--force"])
+    assert result.exit_code == 0, result.stderr
+    assert yaml.safe_load((lab / "tflab.yaml").read_text())["topology"]["nodes"] == 3
+
+
+def occupied_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+BAD_INPUTS = [
+    (["--nodes", "0"], "--nodes must be at least 1"),
+    (["--nodes", "-3"], "--nodes must be at least 1"),
+    (["--nodes", "four"], "'four' is not a valid integer"),
+    (["--gpus-per-node", "-1"], "--gpus-per-node cannot be negative"),
+    (["--gpus-per-node", "x"], "'x' is not a valid integer"),
+    (["--gpus", "0-7", "--gpus-per-node", "3"], "needs 12 GPUs (4 nodes x 3) but the host has 8; use fewer --nodes or --gpus-per-node, or --share-gpus"),
+    (["--gpus", "0-3x", "--gpus-per-node", "1"], "is not a GPU list"),
+    (["--gpus", "3-1", "--gpus-per-node", "1"], "runs backwards"),
+    (["--nodes", "2", "--ps", "2"], "--ps 2 leaves no worker among 2 node(s)"),
+    (["--ssh-port-base", "65534"], "runs to port 65537, past 65535"),
+    (["--tensorboard-port-base", "70000"], "past 65535"),
+    (["--data-mode", "rsync"], "--data-mode must be copy or mount"),
+    (["--code", "/no/such/folder"], "/no/such/folder: no such folder"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_is_one_line_and_writes_nothing(runner, tmp_path: Path, args: list[str], message: str) -> None:
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "notes.txt").write_text("mine")
+    before = snapshot(lab)
+    result = runner.invoke(cli, ["gen", "--lab", str(lab), *args])
+    assert result.exit_code != 0
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert snapshot(lab) == before
+
+
+def test_gpus_without_nvidia_smi(runner, no_nvidia_smi: None, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--gpus-per-node", "2"])
+    assert result.exit_code == 2
+    assert "--gpus-per-node 2 needs GPUs, but this host has none (no nvidia-smi found)" in result.stderr
+    assert not (tmp_path / "lab").exists()
+
+
+def test_too_many_gpus_from_nvidia_smi_says_how_many(runner, fake_nvidia_smi: Path, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "5", "--gpus-per-node", "2"])
+    assert result.exit_code == 2
+    assert "the host has 8" in result.stderr and "--share-gpus" in result.stderr
+    assert not (tmp_path / "lab").exists()
+
+
+def test_port_already_taken(runner, tmp_path: Path) -> None:
+    with occupied_port() as sock:
+        port = sock.getsockname()[1]
+        result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2",
+                                     "--ssh-port-base", str(port - 1)])
+    assert result.exit_code == 2
+    assert f"port 127.0.0.1:{port} (SSH of worker0) is already in use" in result.stderr
+    assert not (tmp_path / "lab").exists()
+
+
+def test_existing_lab_without_force(runner, tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    assert runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "2"]).exit_code == 0
+    before = snapshot(lab)
+    result = runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "3"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"tflab: error: a lab already exists in {lab}; pass --force to overwrite it"
+    assert snapshot(lab) == before

@@ -1,0 +1,76 @@
+"""What a build inherits from the host: apt mirror, pip settings, CA bundle."""
+
+from __future__ import annotations
+
+import pytest
+
+from tflab.errors import UserError
+from tflab.hostsettings import AptMirror, parse_apt_sources, parse_pip_config, pip_settings, read_apt_sources
+
+DEB822 = """Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://mirror.example/debian/
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://mirror.example/debian-security
+Suites: bookworm-security
+Components: main
+"""
+
+
+def test_deb822_sources() -> None:
+    assert parse_apt_sources({"/etc/apt/sources.list.d/debian.sources": DEB822}) == AptMirror(
+        "http://mirror.example/debian", "bookworm"
+    )
+
+
+def test_one_line_sources_skip_security_and_options() -> None:
+    text = (
+        "# comment\n"
+        "deb [signed-by=/k.gpg] http://security.ubuntu.com/ubuntu jammy-security main\n"
+        "deb-src http://archive.ubuntu.com/ubuntu jammy main\n"
+        "deb [arch=amd64] http://archive.ubuntu.com/ubuntu jammy main universe\n"
+    )
+    assert parse_apt_sources({"/etc/apt/sources.list": text}) == AptMirror("http://archive.ubuntu.com/ubuntu", "jammy")
+
+
+def test_no_archive_is_a_clear_error() -> None:
+    with pytest.raises(UserError, match="no Debian or Ubuntu archive"):
+        parse_apt_sources({"/etc/apt/sources.list": "# nothing\n"})
+
+
+def test_this_host_has_a_mirror() -> None:
+    mirror = parse_apt_sources(read_apt_sources())
+    assert mirror.uri.startswith(("http://", "https://")) and mirror.suite
+
+
+def test_pip_config_is_turned_into_container_variables() -> None:
+    text = (
+        "global.index-url='https://pypi.corp.example/simple'\n"
+        "global.trusted-host='pypi.corp.example'\n"
+        "global.find-links='/opt/wheels'\n"
+        ":env:.default-timeout='180'\n"
+    )
+    assert parse_pip_config(text) == {
+        "PIP_INDEX_URL": "https://pypi.corp.example/simple",
+        "PIP_TRUSTED_HOST": "pypi.corp.example",
+        "PIP_DEFAULT_TIMEOUT": "180",
+    }
+
+
+def test_pip_settings_take_proxies_the_bundle_and_overrides(tmp_path) -> None:
+    bundle = tmp_path / "corp-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    settings = pip_settings(
+        lambda argv, **kw: "global.index-url='https://mirror/simple'\n",
+        {"HTTPS_PROXY": "http://proxy:3128", "PIP_CERT": str(bundle)},
+    )
+    assert settings.env == {"PIP_INDEX_URL": "https://mirror/simple", "HTTPS_PROXY": "http://proxy:3128"}
+    assert settings.ca_bundle == bundle
+    override = pip_settings(lambda argv, **kw: "", {}, ca_bundle=str(bundle), index_url="https://other/simple")
+    assert override.env == {"PIP_INDEX_URL": "https://other/simple"} and override.ca_bundle == bundle
+    with pytest.raises(UserError, match="--ca-bundle /nope: no such file"):
+        pip_settings(lambda argv, **kw: "", {}, ca_bundle="/nope")
