@@ -86,7 +86,7 @@ def main() -> None:
         x, y, loss, accuracy, global_step, train_op = build_model(
             data["x_train"].shape[1], args.hidden_units, args.learning_rate
         )
-        uninitialized = tf.compat.v1.report_uninitialized_variables()
+        uninitialized = None if is_chief else tf.compat.v1.report_uninitialized_variables()
     # Talk to the parameter servers and to ourselves only: a worker that has finished
     # must not hold the others up.
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{args.task_index}"])

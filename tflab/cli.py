@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -91,6 +92,12 @@ def host_gpus(spec: str | None) -> list[gpu_discovery.Gpu]:
     return gpu_discovery.discover(proc.run)
 
 
+def host_memlock_limit() -> int:
+    """The most locked memory a container may get here: unlimited (-1) where the host allows it."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return -1 if hard == resource.RLIM_INFINITY else hard
+
+
 def lab_relative(path: str | None, root: Path) -> str | None:
     """A folder given on the command line (relative to here), as tflab.yaml keeps it: relative to the lab."""
     if path is None:
@@ -155,6 +162,7 @@ def gen(
         data_mode=data_mode,
         runs=runs,
         shm_size=shm_size,
+        memlock=host_memlock_limit(),
         tasks=cfg.code_tasks((root / code).resolve()) if code else {},
     )
     planned = labfiles.plan(topology, listed)

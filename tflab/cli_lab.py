@@ -144,10 +144,13 @@ def exec_(
     """Run a task (or, after --, any command) as NODE; its exit code is tflab's."""
     lf = open_lab(lab)
     lf.lab.node(node)
-    words = command or []
+    words = list(command or [])
+    dashdash = bool(ctx.meta.get("tflab.dashdash"))
+    if words[:1] == ["--"]:  # after NODE, click leaves `--` among the arguments
+        words, dashdash = words[1:], True
     if not words:
         argv, env = ["bash", "-l"], {}
-    elif ctx.meta.get("tflab.dashdash"):
+    elif dashdash:
         argv, env = words, {}
     elif len(words) == 1:
         argv, env = tasks.task_argv(lf, node, words[0]), tasks.task_env(words[0])

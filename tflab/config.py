@@ -48,6 +48,7 @@ class LabConfig:
     data_mode: str = "copy"  # copy | mount
     runs: str = DEFAULT_RUNS
     shm_size: str = "2g"
+    memlock: int = -1  # bytes of locked memory a node may use; -1 is unlimited (RDMA/NCCL want it)
     tasks: dict[str, Task] = field(default_factory=dict)
 
     def task(self, name: str) -> Task:
@@ -124,7 +125,7 @@ def to_yaml(config: LabConfig) -> str:
             "tensorboard_base": t.tensorboard_port_base,
             "bind": t.bind,
         },
-        "image": {"base": config.base_image, "shm_size": config.shm_size},
+        "image": {"base": config.base_image, "shm_size": config.shm_size, "memlock": config.memlock},
         "code": config.code,
         "data": config.data,
         "data_mode": config.data_mode,
@@ -187,6 +188,7 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
         data_mode=data_mode,
         runs=str(doc.get("runs") or DEFAULT_RUNS),
         shm_size=str(image.get("shm_size", "2g")),
+        memlock=int(image.get("memlock", -1)),
         tasks=parse_tasks(doc.get("tasks"), source),
     )
 

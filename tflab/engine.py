@@ -92,7 +92,16 @@ class Compose:
         try:
             return self.runner(argv, cwd=str(self.compose_file.parent))
         except CommandError as exc:
-            raise EngineError(compose_advice(exc.output) or f"docker compose {args[0]} failed: {exc.output.strip()}") from exc
+            raise EngineError(
+                compose_advice(exc.output) or f"docker compose {args[0]} failed: {last_error(exc.output)}"
+            ) from exc
+
+
+def last_error(output: str) -> str:
+    """The line of compose's output that says what went wrong (its progress lines do not)."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith(("error", "failed"))]
+    return (errors or lines or ["no output"])[-1]
 
 
 def compose_advice(output: str) -> str | None:

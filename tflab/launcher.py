@@ -75,9 +75,12 @@ class RunOptions:
 
 
 def wrapped(run_id: str, node: str, argv: Sequence[str]) -> list[str]:
-    """argv in its own session, its process group id written down so the run can stop it all."""
+    """argv with its process group id written down, so the run can stop all it started.
+
+    A `docker exec` process leads its own process group already; the task inherits it.
+    """
     script = f'mkdir -p {PID_DIR}; echo $$ > {PID_DIR}/{run_id}-{node}.pid; exec "$@"'
-    return ["setsid", "-w", "sh", "-c", script, "sh", *argv]
+    return ["sh", "-c", script, "sh", *argv]
 
 
 def stop_script(run_id: str, node: str, grace_s: float) -> list[str]:
@@ -86,9 +89,9 @@ def stop_script(run_id: str, node: str, grace_s: float) -> list[str]:
     rounds = max(1, int(grace_s / 0.1))
     script = (
         f'[ -f {pid_file} ] || exit 0; p=$(cat {pid_file}); '
-        f'kill -TERM -- -"$p" 2>/dev/null || {{ rm -f {pid_file}; exit 0; }}; '
-        f'i=0; while [ $i -lt {rounds} ]; do kill -0 -- -"$p" 2>/dev/null || {{ rm -f {pid_file}; exit 0; }}; '
-        f'sleep 0.1; i=$((i+1)); done; kill -KILL -- -"$p" 2>/dev/null; rm -f {pid_file}; exit 0'
+        f'kill -TERM -"$p" 2>/dev/null || {{ rm -f {pid_file}; exit 0; }}; '
+        f'i=0; while [ $i -lt {rounds} ]; do kill -0 -"$p" 2>/dev/null || {{ rm -f {pid_file}; exit 0; }}; '
+        f'sleep 0.1; i=$((i+1)); done; kill -KILL -"$p" 2>/dev/null; rm -f {pid_file}; exit 0'
     )
     return ["sh", "-c", script]
 
@@ -173,7 +176,7 @@ class Supervisor:
         threads = []
         for name in names:
             run = self.runs.get(name)
-            if run is not None and run.ended is None:
+            if run is not None and run.ended is None and run.verdict == "running":
                 run.verdict = verdict
             threads.append(threading.Thread(target=self._kill, args=(name,), daemon=True))
         for thread in threads:

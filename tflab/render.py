@@ -88,6 +88,7 @@ def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
         nodes=nodes,
         image=image,
         shm_size=config.shm_size,
+        memlock=config.memlock,
         bind=lab.topology.bind,
         volumes=volumes(config, lab_dir),
         compose_file=COMPOSE_FILE,

@@ -28,16 +28,12 @@ def role_text(lab: Lab, node: Node) -> str:
 
 def lab_table(lab: Lab, bind: str, title: str | None = None) -> Table:
     """node, role, GPUs, SSH port, TensorBoard port: what `gen` prints."""
-    table = Table(title=title)
+    table = Table(title=title, caption=f"ports are published on {bind}")
     for column in ("node", "role", "GPUs", "SSH", "TensorBoard"):
         table.add_column(column)
     for node in lab.nodes:
         table.add_row(
-            node.name,
-            role_text(lab, node),
-            gpu_text(node),
-            f"{bind}:{node.ssh_port}",
-            f"{bind}:{node.tensorboard_port}",
+            node.name, role_text(lab, node), gpu_text(node), str(node.ssh_port), str(node.tensorboard_port)
         )
     return table
 
@@ -67,7 +63,7 @@ def gpu_map(lab: Lab, host_gpus: Sequence[Gpu]) -> Text | None:
 
 def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str) -> Table:
     """node, role, GPUs, state, health, ports: what `status` prints."""
-    table = Table()
+    table = Table(caption=f"ports are published on {bind}")
     for column in ("node", "role", "GPUs", "state", "health", "SSH", "TensorBoard"):
         table.add_column(column)
     for node in lab.nodes:
@@ -81,7 +77,7 @@ def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str) -> 
             gpu_text(node),
             Text(state, style=colour),
             Text(health, style=colour),
-            f"{bind}:{node.ssh_port}",
-            f"{bind}:{node.tensorboard_port}",
+            str(node.ssh_port),
+            str(node.tensorboard_port),
         )
     return table
