@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,7 +84,7 @@ def docker_client():
 def base_image(docker_client) -> str:
     """The local base image (debootstrap + pip tensorflow-cpu), built once if missing."""
     done = subprocess.run(
-        [shutil.which("tflab") or "tflab", "base"], capture_output=True, text=True, timeout=1500,
+        [sys.executable, "-m", "tflab", "base"], capture_output=True, text=True, timeout=1500,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return "tflab-base:cpu"

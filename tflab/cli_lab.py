@@ -14,7 +14,7 @@ import click
 import typer
 from rich.console import Console
 
-from tflab import engine, hostsettings, image, lab as lab_ops, labfiles, nodes, proc, tasks, views
+from tflab import engine, hostsettings, image, lab as lab_ops, labfiles, launcher, nodes, proc, tasks, views
 from tflab.cli import DashDashCommand, LabOption, app, console, err_console
 from tflab.errors import UserError
 
@@ -173,7 +173,14 @@ def exec_(
         stream.write(chunk)
         stream.flush()
 
-    code = nodes.exec_stream(client, container, argv, show, env=env)
+    # Like `run`, keep the process group's id: Ctrl-C here stops the command in the node too
+    # (a bare `docker exec` would leave it running there).
+    run_id = f"exec-{os.getpid()}"
+    try:
+        code = nodes.exec_stream(client, container, launcher.wrapped(run_id, node, argv), show, env=env)
+    except KeyboardInterrupt:
+        nodes.exec_quiet(client, container, launcher.stop_script(run_id, node, 3.0))
+        raise
     sys.exit(code)
 
 

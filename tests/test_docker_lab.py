@@ -1,0 +1,117 @@
+"""A lab on the real engine: up, exec, ssh between nodes, status, down, side by side."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from tflab import labfiles
+
+pytestmark = pytest.mark.docker
+
+
+def exec_out(runner, lab: Path, node: str, *command: str) -> str:
+    result = runner.invoke(cli, ["exec", "--lab", str(lab), node, "--", *command])
+    assert result.exit_code == 0, (command, result.stdout, result.stderr)
+    return result.stdout
+
+
+def labelled(client, project: str) -> tuple[list, list]:
+    label = {"label": f"tflab.lab={project}"}
+    return client.containers.list(all=True, filters=label), client.networks.list(filters=label)
+
+
+def test_four_node_lab_end_to_end(labs, runner, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "note.txt").write_text("from the host\n")
+    lab = labs.gen(nodes=4, code=code)
+    lf = labfiles.open_lab(lab)
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 0, up.stderr
+    assert "ready: 4 nodes" in up.stdout
+
+    for node in lf.lab.nodes:
+        env = dict(
+            line.split("=", 1)
+            for line in exec_out(runner, lab, node.name, "env").splitlines()
+            if line.startswith(("TF_CONFIG=", "TFLAB_"))
+        )
+        assert json.loads(env["TF_CONFIG"]) == {
+            "cluster": {"ps": ["ps0:2222"], "worker": ["worker0:2222", "worker1:2222", "worker2:2222"]},
+            "task": {"type": node.job, "index": node.task_index},
+        }
+        assert env["TFLAB_NODE"] == node.name
+        assert env["TFLAB_JOB_NAME"] == node.job
+        assert env["TFLAB_TASK_INDEX"] == str(node.task_index)
+        assert env["TFLAB_PS_HOSTS"] == "ps0:2222"
+        assert env["TFLAB_WORKER_HOSTS"] == "worker0:2222,worker1:2222,worker2:2222"
+        assert env["TFLAB_NUM_GPUS"] == "0"
+        assert exec_out(runner, lab, node.name, "cat", "/workspace/note.txt") == "from the host\n"
+    assert exec_out(runner, lab, "worker0", "hostname").strip() == "worker0"
+    # Nodes reach each other by name over SSH, without a password, as MPI-style tools expect.
+    assert exec_out(runner, lab, "worker0", "ssh", "-o", "BatchMode=yes", "worker2", "hostname").strip() == "worker2"
+    assert "TFLAB_NODE=worker2" in exec_out(runner, lab, "worker0", "ssh", "worker2", "env")
+
+    status = runner.invoke(cli, ["status", "--lab", str(lab)])
+    assert status.exit_code == 0
+    rows = [line for line in status.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 4 and all("running" in r and "healthy" in r for r in rows), status.stdout
+
+    # up again: nothing to do; after an edit, only the code is copied again.
+    again = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert again.exit_code == 0 and "copied" not in again.stdout
+    (code / "note.txt").write_text("edited\n")
+    edited = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert "copied: code→" in edited.stdout and "data" not in edited.stdout.split("copied:")[1].split("\n")[0]
+    assert exec_out(runner, lab, "worker1", "cat", "/workspace/note.txt") == "edited\n"
+
+    exec_out(runner, lab, "ps0", "sh", "-c", "echo checkpoint-from-ps0 > /runs/ps0.txt")
+    # A killed node shows in status.
+    containers, _ = labelled(labs.client, lf.project)
+    next(c for c in containers if c.labels["tflab.node"] == "worker1").kill()
+    time.sleep(1)
+    status = runner.invoke(cli, ["status", "--lab", str(lab)])
+    worker1 = next(line for line in status.stdout.splitlines() if "worker1" in line)
+    assert "exited" in worker1 and "running" not in worker1, status.stdout
+
+    down = runner.invoke(cli, ["down", "--lab", str(lab)])
+    assert down.exit_code == 0, down.stderr
+    assert labelled(labs.client, lf.project) == ([], [])
+    assert (lf.runs_dir / "ps0.txt").read_text() == "checkpoint-from-ps0\n"
+    quiet = runner.invoke(cli, ["down", "--lab", str(lab)])
+    assert quiet.exit_code == 0 and quiet.stdout == ""
+
+
+def test_two_labs_side_by_side(labs, runner) -> None:
+    first, second = labs.gen(nodes=2), labs.gen(nodes=2)
+    for lab in (first, second):
+        assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    one, two = labfiles.open_lab(first), labfiles.open_lab(second)
+    assert one.project != two.project
+    assert exec_out(runner, first, "worker0", "hostname").strip() == "worker0"
+    # Same node names, separate networks: ps0 of the first lab is not the second's.
+    ip_one = exec_out(runner, first, "worker0", "getent", "hosts", "ps0").split()[0]
+    ip_two = exec_out(runner, second, "worker0", "getent", "hosts", "ps0").split()[0]
+    assert ip_one != ip_two
+    assert runner.invoke(cli, ["down", "--lab", str(first)]).exit_code == 0
+    assert labelled(labs.client, one.project) == ([], [])
+    containers, networks = labelled(labs.client, two.project)
+    assert len(containers) == 2 and all(c.status == "running" for c in containers) and len(networks) == 1
+
+
+def test_exec_of_unknown_node_or_task_is_one_line(labs, runner) -> None:
+    lab = labs.gen(nodes=2)
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    node = runner.invoke(cli, ["exec", "--lab", str(lab), "worker7", "--", "true"])
+    assert node.exit_code == 2
+    assert node.stderr.strip() == "tflab: error: no node 'worker7' in this lab; its nodes are ps0, worker0"
+    task = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "trian"])
+    assert task.exit_code == 2
+    assert task.stderr.strip() == "tflab: error: no task 'trian' in tflab.yaml; its tasks are: none"
+    failing = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "--", "sh", "-c", "exit 7"])
+    assert failing.exit_code == 7

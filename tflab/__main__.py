@@ -1,0 +1,5 @@
+"""python -m tflab"""
+
+from tflab.cli import main
+
+main()
