@@ -22,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", default="/data")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--global_batch_size", type=int, default=128)
+    parser.add_argument("--batch_size_per_replica", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=0.5)
     args = parser.parse_args()
 
@@ -34,10 +34,11 @@ def main() -> None:
     me = os.environ.get("TFLAB_NODE", "worker")
     data = load_dataset(args.data_dir)
     replicas = strategy.num_replicas_in_sync
+    global_batch_size = args.batch_size_per_replica * replicas
     print(f"{me}: {replicas} replicas in sync", flush=True)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch = context.get_per_replica_batch_size(args.global_batch_size)
+        batch = context.get_per_replica_batch_size(global_batch_size)
         ds = tf.data.Dataset.from_tensor_slices((data["x_train"], data["y_train"]))
         ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id)
         return ds.shuffle(2048, seed=context.input_pipeline_id).repeat().batch(batch, drop_remainder=True)

@@ -93,6 +93,9 @@ def main() -> None:
     if not is_chief:
         wait_for_chief(server.target, config, uninitialized)
 
+    if is_chief:
+        latest = tf.train.latest_checkpoint(args.log_dir)
+        print(f"{name}: " + (f"resuming from {latest}" if latest else f"starting fresh in {args.log_dir}"), flush=True)
     rng = np.random.default_rng(args.task_index)
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=args.train_steps)]
     started, local_steps, step = time.time(), 0, 0

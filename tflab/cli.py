@@ -108,8 +108,25 @@ def lab_relative(path: str | None, root: Path) -> str | None:
     return os.path.relpath(folder, root)
 
 
+def registry_reachable(image: str) -> bool:
+    """Whether the engine can reach the registry of `image` (asks for its manifest, pulls nothing)."""
+    from tflab import engine
+
+    try:
+        engine.client().api.inspect_distribution(image)
+    except Exception:  # noqa: BLE001 - any failure means: no registry for us
+        return False
+    return True
+
+
 def base_image(choice: str, has_gpus: bool) -> str:
-    """--base official|local|IMAGE, with the GPU variant when the lab has GPUs."""
+    """--base official|local|auto|IMAGE, with the GPU variant when the lab has GPUs.
+
+    auto: the official image when its registry answers, else the local base.
+    """
+    if choice == "auto":
+        official = cfg.OFFICIAL_GPU_BASE if has_gpus else cfg.OFFICIAL_BASE
+        choice = "official" if registry_reachable(official) else "local"
     if choice == "official":
         return cfg.OFFICIAL_GPU_BASE if has_gpus else cfg.OFFICIAL_BASE
     if choice == "local":
@@ -129,7 +146,7 @@ def gen(
     ssh_port_base: Annotated[int, typer.Option(help="Node i's SSH is published on this + i.")] = SSH_PORT_BASE,
     tensorboard_port_base: Annotated[int, typer.Option(help="Node i's TensorBoard is published on this + i.")] = TENSORBOARD_PORT_BASE,
     bind: Annotated[str, typer.Option(help="Host address ports are published on (beyond loopback is your choice).")] = LOOPBACK,
-    base: Annotated[str, typer.Option(help="Base image: official (tensorflow/tensorflow), local (built by `tflab base`, no registry needed) or an image name.")] = "official",
+    base: Annotated[str, typer.Option(help="Base image: official (tensorflow/tensorflow), local (built by `tflab base`, no registry needed), auto (official when its registry answers) or an image name.")] = "official",
     code: Annotated[str | None, typer.Option(help="Folder copied to /workspace (relative to the lab).")] = None,
     data: Annotated[str | None, typer.Option(help="Folder made available at /data (relative to the lab).")] = None,
     data_mode: Annotated[str, typer.Option(help="copy the data into each node, or mount it read-only.")] = "copy",

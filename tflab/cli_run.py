@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tflab import engine, launcher, nodes, tasks, views
+from tflab import doctor as doctor_checks
+from tflab import engine, lab as lab_ops, launcher, nodes, tasks, views
 from tflab.cli import LabOption, app, console
 from tflab.cli_lab import open_lab
 from tflab.errors import UserError
@@ -88,3 +89,47 @@ def run(
     ok = launcher.succeeded(runs) and supervisor.problem is None
     out.print(f"outputs: {folder} (logs in {folder / 'logs'})")
     raise typer.Exit(0 if ok else 1)
+
+
+TENSORBOARD_RUN_ID = "tensorboard"
+
+
+@app.command()
+def tensorboard(
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the TensorBoard tflab started.")] = False,
+    lab: LabOption = Path("."),
+) -> None:
+    """Serve the shared runs folder with TensorBoard inside the chief node, published on the host."""
+    lf = open_lab(lab)
+    client = engine.client()
+    chief = lf.lab.chief
+    container = nodes.running_container(client, lf.project, chief.name)
+    nodes.exec_quiet(client, container, launcher.stop_script(TENSORBOARD_RUN_ID, chief.name, 2.0))
+    if stop:
+        console().print(f"stopped TensorBoard on {chief.name}")
+        return
+    argv = ["tensorboard", "--logdir", "/runs", "--host", "0.0.0.0", "--port", "6006", "--reload_interval", "5"]
+    nodes.exec_detached(client, container, launcher.wrapped(TENSORBOARD_RUN_ID, chief.name, argv))
+    host = lab_ops.connect_host(lf.lab.topology.bind)
+    url = f"http://{host}:{chief.tensorboard_port}/"
+    if not nodes.wait_for_http(url, deadline=time.monotonic() + 90):
+        raise UserError(f"TensorBoard did not answer at {url} within 90s; see `tflab exec {chief.name} -- tensorboard --help`")
+    console().print(f"TensorBoard for {lf.runs_dir} (as /runs in {chief.name}): {url}")
+
+
+@app.command()
+def doctor() -> None:
+    """Check the engine, compose v2, GPUs, the NVIDIA runtime, disk and ports; say how to fix what is missing."""
+    checks = doctor_checks.run_checks()
+    table = Table(title="tflab doctor")
+    for column in ("check", "", "detail", "fix"):
+        table.add_column(column)
+    marks = {"ok": Text("ok", style="green"), "warn": Text("note", style="yellow"), "fail": Text("MISSING", style="bold red")}
+    for check in checks:
+        table.add_row(check.name, marks[check.status], check.detail, check.fix)
+    console().print(table)
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        console().print(f"{len(failed)} thing(s) missing: " + "; ".join(f"{c.name}: {c.fix}" for c in failed))
+        raise typer.Exit(1)
+    console().print("ready for CPU labs" + ("" if any(c.name == "GPUs" and c.status == "ok" for c in checks) else " (no GPU here)"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -26,6 +27,7 @@ BASE_PACKAGES = (
     "python3", "python3-venv", "openssh-server", "openssh-client", "ca-certificates",
     "procps", "iproute2", "bash", "util-linux", "passwd",
 )
+EXTRA_PIP = ("tensorboard",)  # TensorFlow 2.20+ no longer brings it; `tflab tensorboard` needs it
 VENV = "/opt/tensorflow"
 CONTAINER_CA = "/tmp/tflab-host-ca.pem"
 
@@ -143,14 +145,18 @@ def build_base(
     the bundle is used, never stored in the image).
     """
     tag = base_tag(gpu)
+    package = tensorflow or ("tensorflow[and-cuda]" if gpu else "tensorflow-cpu")
+    recipe = base_recipe(mirror, package)
     if not force and image_exists(client, tag):
-        return BuildResult(tag, client.images.get(tag).id, built=False)
+        existing = client.images.get(tag)
+        if existing.labels.get("tflab.recipe") == recipe:
+            return BuildResult(tag, existing.id, built=False)
+        progress(f"{tag} was built from another recipe: building it again")
     if shutil.which("debootstrap") is None:
         raise UserError("debootstrap is not installed; run `apt-get install debootstrap` (as root)")
     if os.geteuid() != 0:
         raise UserError("building the local base needs root (debootstrap); run `sudo tflab base`")
     log_path = new_log("base")
-    package = tensorflow or ("tensorflow[and-cuda]" if gpu else "tensorflow-cpu")
     raw = f"tflab-base-raw:{os.getpid()}"
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="tflab-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
@@ -174,11 +180,17 @@ def build_base(
             client.api.import_image(src=tar.stdout, repository=raw.split(":")[0], tag=raw.split(":")[1])
         finally:
             tar.wait()
-    return _install_tensorflow(client, raw, tag, package, pip, progress, log_path)
+    return _install_tensorflow(client, raw, tag, package, recipe, pip, progress, log_path)
+
+
+def base_recipe(mirror: AptMirror, package: str) -> str:
+    """A short hash of what the local base is made from (a changed recipe rebuilds it)."""
+    text = "\n".join([mirror.uri, mirror.suite, *BASE_PACKAGES, package, *EXTRA_PIP, VENV])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _install_tensorflow(
-    client: docker.DockerClient, raw: str, tag: str, package: str, pip: PipSettings,
+    client: docker.DockerClient, raw: str, tag: str, package: str, recipe: str, pip: PipSettings,
     progress: Progress, log_path: Path,
 ) -> BuildResult:
     """pip install TensorFlow into a venv on the raw base, then commit it as `tag`."""
@@ -190,7 +202,7 @@ def _install_tensorflow(
         env["PIP_CERT"] = CONTAINER_CA
     script = (
         f"set -e; python3 -m venv {VENV}; "
-        f"{VENV}/bin/pip install --no-cache-dir --progress-bar off '{package}'; "
+        f"{VENV}/bin/pip install --no-cache-dir --progress-bar off '{package}' {' '.join(EXTRA_PIP)}; "
         f"{VENV}/bin/python -c 'import tensorflow as tf; print(\"TensorFlow\", tf.__version__)'"
     )
     progress(f"pip install {package}")
@@ -224,7 +236,7 @@ def _install_tensorflow(
                     "LANG=C.UTF-8",
                 ],
                 "Cmd": ["bash"],
-                "Labels": {"tflab.image": "base"},
+                "Labels": {"tflab.image": "base", "tflab.recipe": recipe},
             },
         )
     finally:

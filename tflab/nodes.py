@@ -8,6 +8,7 @@ import socket
 import tarfile
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -78,6 +79,28 @@ def exec_quiet(
     chunks: list[bytes] = []
     code = exec_stream(client, container, argv, lambda b, _e: chunks.append(b), env, workdir)
     return code, b"".join(chunks).decode(errors="replace")
+
+
+def exec_detached(client: docker.DockerClient, container: Container, argv: Sequence[str]) -> None:
+    """Start `argv` in `container` and leave it running there."""
+    try:
+        exec_id = client.api.exec_create(container.id, list(argv), workdir="/runs")["Id"]
+        client.api.exec_start(exec_id, detach=True)
+    except docker.errors.APIError as exc:
+        raise EngineError(f"starting {argv[0]} in {container.name} failed: {exc.explanation or exc}") from exc
+
+
+def wait_for_http(url: str, deadline: float) -> bool:
+    """Wait until `url` answers 200, or `deadline` passes."""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    return False
 
 
 def wait_for_ssh(host: str, port: int, deadline: float) -> bool:

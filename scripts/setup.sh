@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Make this machine ready for tflab: a Docker Engine, debootstrap, an ssh client, and
+# tflab itself in .venv (with a Compose v2 binary). Idempotent; installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
+as_root() { [ "$(id -u)" = 0 ]; }
+apt_install() {
+    if as_root && command -v apt-get >/dev/null; then
+        [ -n "${APT_UPDATED:-}" ] || { apt-get update -qq; APT_UPDATED=1; }
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    else
+        say "please install: $* (Debian/Ubuntu: sudo apt-get install $*)"; exit 1
+    fi
+}
+
+command -v docker >/dev/null || { say "installing the Docker Engine (docker.io)"; apt_install docker.io; }
+if ! docker info >/dev/null 2>&1; then
+    if as_root && command -v dockerd >/dev/null; then
+        say "starting dockerd"
+        (dockerd >/var/log/tflab-dockerd.log 2>&1 &)
+        for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    fi
+    docker info >/dev/null 2>&1 || { say "the Docker daemon is not running: start it (sudo systemctl start docker)"; exit 1; }
+fi
+command -v debootstrap >/dev/null || { say "installing debootstrap (for the registry-free base image)"; apt_install debootstrap; }
+command -v ssh >/dev/null || { say "installing the ssh client"; apt_install openssh-client; }
+for extra in "$@"; do
+    command -v "$extra" >/dev/null || { say "installing $extra"; apt_install "$extra"; }
+done
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c "import tflab, pytest, sklearn" 2>/dev/null || [ pyproject.toml -nt .venv/.tflab-installed ]; then
+    say "installing tflab into .venv"
+    .venv/bin/pip install -q -e ".[compose,examples,test]"
+    touch .venv/.tflab-installed
+fi
+say "ready: $(.venv/bin/tflab --help >/dev/null && echo tflab) $(docker version --format 'engine {{.Server.Version}}')"

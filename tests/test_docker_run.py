@@ -1,0 +1,151 @@
+"""`tflab run` on a real 4-node CPU lab with the examples: order, verdicts, clean stops."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, cli
+from tflab import engine, labfiles, nodes
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+NOISE = ("I0000", "W0000", "E0000")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    """The examples' default data, prepared on the host as a user would."""
+    data = tmp_path_factory.mktemp("data")
+    subprocess.run([sys.executable, str(REPO / "examples" / "prepare_data.py"), str(data)], check=True)
+    return data
+
+
+def add_tasks(lab: Path, tasks: dict) -> None:
+    """Add tasks to a lab's tflab.yaml, as a user editing it would."""
+    path = lab / "tflab.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["tasks"].update(tasks)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def task_processes(client, project: str) -> dict[str, str]:
+    """Every node's processes other than the node's own (init, sshd) and the probe itself."""
+    left = {}
+    for name, container in nodes.lab_containers(client, project).items():
+        _, out = nodes.exec_quiet(client, container, ["ps", "-eo", "args="])
+        rest = [line for line in out.splitlines()
+                if line.strip() and not line.startswith(("/sbin/docker-init", "sshd", "ps -eo"))]
+        if rest:
+            left[name] = "; ".join(rest)
+    return left
+
+
+def lines_of(output: str, node: str) -> list[str]:
+    return [line[len(node) + 3:] for line in output.splitlines() if line.startswith(f"[{node}] ")]
+
+
+@pytest.fixture
+def ps_lab(labs, runner, digits) -> Path:
+    lab = labs.gen(nodes=4, code=REPO / "examples", data=digits)
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 0, up.stderr
+    return lab
+
+
+def test_async_training_ends_with_accuracy_checkpoint_and_no_ps_left(ps_lab: Path, runner, docker_client) -> None:
+    lf = labfiles.open_lab(ps_lab)
+    result = runner.invoke(cli, ["run", "train", "--lab", str(ps_lab)])
+    assert result.exit_code == 0, result.stdout[-3000:]
+    out = result.stdout
+    # Order: the ps served before any worker started.
+    assert out.index("tflab: ps0 is serving on ps0:2222") < out.index("tflab: starting worker0, worker1, worker2")
+    accuracy = [line for line in lines_of(out, "worker0") if "test accuracy" in line]
+    assert accuracy and float(accuracy[-1].split()[-1]) >= 0.9, accuracy
+    summary = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert "served" in summary["ps0"] and all(" ok " in summary[w] for w in ("worker0", "worker1", "worker2"))
+    run_dir = lf.runs_dir / "train"
+    final = Path((run_dir / "checkpoint").read_text().splitlines()[0].split('"')[1]).name
+    for suffix in (".index", ".meta", ".data-00000-of-00001"):
+        assert (run_dir / f"{final}{suffix}").is_file(), f"{final}{suffix} missing"
+    assert (run_dir / "logs" / "worker1.log").read_text().count("global step") >= 1
+    assert task_processes(docker_client, lf.project) == {}
+
+    # A second run starts clean: the previous outputs are moved aside, nothing stale is read.
+    again = runner.invoke(cli, ["run", "train", "--lab", str(ps_lab)])
+    assert again.exit_code == 0, again.stdout[-3000:]
+    assert "worker0: starting fresh in /runs/train" in again.stdout
+    previous = [p for p in lf.runs_dir.iterdir() if p.name.startswith("train.")]
+    assert len(previous) == 1 and (previous[0] / "checkpoint").is_file()
+    resumed = runner.invoke(cli, ["run", "train", "--lab", str(ps_lab), "--resume"])
+    assert resumed.exit_code == 0, resumed.stdout[-3000:]
+    assert "worker0: resuming from /runs/train/model.ckpt-" in resumed.stdout
+
+
+def test_hung_worker_is_reported_and_stopped(ps_lab: Path, runner, docker_client) -> None:
+    add_tasks(ps_lab, {"hang": "sh -c 'if [ {node} = worker2 ]; then sleep 600; fi; "
+                               "if [ {job_name} = ps ]; then python -m http.server 2222; fi'"})
+    started = time.monotonic()
+    result = runner.invoke(cli, ["run", "hang", "--grace", "3", "--lab", str(ps_lab)])
+    assert result.exit_code == 1
+    assert time.monotonic() - started < 60
+    assert "worker2 still running 3s after the chief finished: reported hung and stopped" in result.stdout
+    worker2 = next(line for line in result.stdout.splitlines() if line.startswith("│ worker2"))
+    assert "hung" in worker2
+    assert task_processes(docker_client, labfiles.open_lab(ps_lab).project) == {}
+
+
+def test_killed_worker_fails_the_run_fast_and_stops_the_rest(ps_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(ps_lab)
+    add_tasks(ps_lab, {"long": "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
+                               "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --train_steps=10000000"})
+    child = subprocess.Popen([sys.executable, "-m", "tflab", "run", "long", "--lab", str(ps_lab)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    assert child.stdout is not None
+    for line in child.stdout:
+        output.append(line)
+        if line.startswith("[worker1] worker1: global step"):
+            break
+    killed_at = time.monotonic()
+    worker1 = nodes.lab_containers(docker_client, lf.project)["worker1"]
+    code, _ = nodes.exec_quiet(docker_client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])
+    assert code == 0
+    rest, _ = child.communicate(timeout=120)
+    output.append(rest)
+    text = "".join(output)
+    assert child.returncode == 1, text[-3000:]
+    assert time.monotonic() - killed_at < 60
+    assert "tflab: worker1 failed with exit code 137" in text
+    summary = {line.split("│")[1].strip(): line for line in text.splitlines() if line.startswith("│")}
+    assert "failed" in summary["worker1"]
+    assert all("stopped" in summary[n] or "served" in summary[n] for n in ("ps0", "worker0", "worker2"))
+    assert task_processes(docker_client, lf.project) == {}
+
+
+def test_allreduce_workers_agree_on_the_final_loss(labs, runner, digits, docker_client) -> None:
+    lab = labs.gen("--ps", "0", nodes=4, code=REPO / "examples", data=digits)
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    result = runner.invoke(cli, ["run", "allreduce", "--lab", str(lab)])
+    assert result.exit_code == 0, result.stdout[-3000:]
+    finals = {}
+    for worker in ("worker0", "worker1", "worker2", "worker3"):
+        line = next(l for l in lines_of(result.stdout, worker) if "final loss" in l)
+        finals[worker] = line.split("final loss ")[1].split()[0]
+        assert "4 replicas in sync" in "\n".join(lines_of(result.stdout, worker))
+    assert len(set(finals.values())) == 1, finals
+
+
+def test_parameter_server_strategy_with_a_chief(labs, runner, digits) -> None:
+    lab = labs.gen("--chief", nodes=3, code=REPO / "examples", data=digits)
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    result = runner.invoke(cli, ["run", "ps_strategy", "--lab", str(lab)])
+    assert result.exit_code == 0, result.stdout[-3000:]
+    out = result.stdout
+    assert out.index("tflab: worker1 is serving") < out.index("tflab: starting chief")
+    accuracy = [l for l in lines_of(out, "chief") if "test accuracy" in l]
+    assert accuracy and float(accuracy[-1].split()[-1]) >= 0.8
