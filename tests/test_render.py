@@ -66,6 +66,7 @@ def test_image_tag_follows_the_build_context(tmp_path: Path) -> None:
     lf = write(tmp_path)
     tag = lf.image_tag()
     assert tag == render.image_tag(lf.image_context()) and tag.startswith("tflab-node:")
+    assert lf.image_tag("sha256:another-base") != tag  # a rebuilt base means a new node image
     (lf.image_dir / "Dockerfile").write_text((lf.image_dir / "Dockerfile").read_text() + "# edit\n")
     assert lf.image_tag() != tag
 

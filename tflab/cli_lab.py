@@ -78,7 +78,7 @@ def build(
     client = engine.client()
     with progress_line("node image") as progress:
         result = lab_ops.ensure_image(lf, client, progress, force=force)
-    lf.write_compose()
+    lf.write_compose(result.tag)
     if result.built:
         console().print(f"built {result.tag} ({result.image_id[7:19]}); log: {result.log}")
     else:

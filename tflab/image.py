@@ -130,6 +130,22 @@ def run_logged(argv: list[str], log, progress: Progress) -> int:
         return child.wait()
 
 
+def pull(client: docker.DockerClient, ref: str, progress: Progress) -> None:
+    """Pull a base image from its registry, or say how to do without one."""
+    repository, _, tag = ref.partition(":")
+    try:
+        for chunk in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+            if "status" in chunk:
+                progress(f"pull {ref}: {chunk['status']} {chunk.get('progress', '')}".strip())
+            if "error" in chunk:
+                raise docker.errors.APIError(chunk["error"])
+    except docker.errors.APIError as exc:
+        raise EngineError(
+            f"cannot pull {ref} ({str(exc).splitlines()[0][:160]}); with no registry, generate the "
+            "lab with --base local (tflab builds that base itself)"
+        ) from exc
+
+
 def base_tag(gpu: bool) -> str:
     """The local base's tag (the CPU or GPU build of TensorFlow)."""
     return cfg.LOCAL_GPU_BASE if gpu else cfg.LOCAL_BASE

@@ -36,7 +36,10 @@ def ensure_image(
             progress,
             gpu=base == image.base_tag(True),
         )
-    return image.build_node(client, lf.image_context(), lf.image_tag(), progress, force=force)
+    elif not image.image_exists(client, base):
+        image.pull(client, base, progress)
+    base_id = client.images.get(base).id
+    return image.build_node(client, lf.image_context(), lf.image_tag(base_id), progress, force=force)
 
 
 def connect_host(bind: str) -> str:
@@ -123,8 +126,8 @@ def check_ports_for_absent(lf: LabFiles, containers: dict) -> None:
 
 def up(lf: LabFiles, client: docker.DockerClient, compose: Compose, progress: Progress) -> list[str]:
     """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied."""
-    ensure_image(lf, client, progress)
-    lf.write_compose()
+    built = ensure_image(lf, client, progress)
+    lf.write_compose(built.tag)
     lf.runs_dir.mkdir(parents=True, exist_ok=True)
     check_ports_for_absent(lf, nodes.lab_containers(client, lf.project))
     progress(f"starting {len(lf.lab.nodes)} nodes")

@@ -62,17 +62,13 @@ class LabFiles:
             raise UserError(f"{self.image_dir} is missing; run `tflab gen --force` to write it again")
         return {p.name: p.read_bytes() for p in sorted(self.image_dir.iterdir()) if p.is_file()}
 
-    def image_tag(self) -> str:
-        """The node image's tag, a hash of its build context."""
-        return render.image_tag(self.image_context())
+    def image_tag(self, base_id: str = "") -> str:
+        """The node image's tag, a hash of its build context and its base image's id."""
+        return render.image_tag(self.image_context(), base_id)
 
-    def compose_text(self) -> str:
-        """The compose file as tflab.yaml says it should be now."""
-        return render.compose_file(self.lab, self.config, self.root, self.image_tag())
-
-    def write_compose(self) -> bool:
-        """Write the compose file again from tflab.yaml; True when it changed."""
-        text = self.compose_text()
+    def write_compose(self, image: str) -> bool:
+        """Write the compose file again from tflab.yaml, naming `image`; True when it changed."""
+        text = render.compose_file(self.lab, self.config, self.root, image)
         if self.compose_path.is_file() and self.compose_path.read_text() == text:
             return False
         self.compose_path.write_text(text)

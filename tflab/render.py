@@ -108,9 +108,9 @@ def image_context(config: LabConfig) -> dict[str, bytes]:
     return files
 
 
-def image_tag(context: dict[str, bytes]) -> str:
-    """The node image's tag: a hash of everything it is built from."""
-    digest = hashlib.sha256()
+def image_tag(context: dict[str, bytes], base_id: str = "") -> str:
+    """The node image's tag: a hash of everything it is built from (its base image's id too)."""
+    digest = hashlib.sha256(base_id.encode() + b"\0")
     for name in sorted(context):
         digest.update(name.encode() + b"\0" + context[name] + b"\0")
     return f"tflab-node:{digest.hexdigest()[:16]}"

@@ -1,0 +1,61 @@
+"""TensorBoard over the shared runs folder, seen by a real headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import IN_CI, REPO, cli
+from tflab import labfiles
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+OUTPUT = REPO / "test-output"
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if IN_CI:
+        pytest.fail("Chromium is required in CI (scripts/test.sh installs it)")
+    pytest.skip("no Chromium")
+
+
+def browse(url: str, screenshot: Path) -> str:
+    """The page's DOM after its scripts ran, and a screenshot of it."""
+    base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--window-size=1400,1000", "--virtual-time-budget=20000", "--run-all-compositor-stages-before-draw"]
+    subprocess.run([*base, f"--screenshot={screenshot}", url], capture_output=True, timeout=120, check=True)
+    return subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def test_training_scalars_show_in_tensorboard(labs, runner, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(REPO / "examples" / "prepare_data.py"), str(data)], check=True)
+    lab = labs.gen(nodes=2, code=REPO / "examples", data=data)
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    trained = runner.invoke(cli, ["run", "train", "--lab", str(lab)])
+    assert trained.exit_code == 0, trained.stdout[-2000:]
+    started = runner.invoke(cli, ["tensorboard", "--lab", str(lab)])
+    assert started.exit_code == 0, started.stderr
+    port = labfiles.open_lab(lab).lab.chief.tensorboard_port
+    url = f"http://127.0.0.1:{port}/"
+    assert url in started.stdout
+    OUTPUT.mkdir(exist_ok=True)
+    screenshot = OUTPUT / "tensorboard-scalars.png"
+    dom = ""
+    for _ in range(5):  # TensorBoard finds new event files on its reload interval
+        dom = browse(url + "#timeseries", screenshot)
+        if "accuracy" in dom and "loss" in dom:
+            break
+        time.sleep(3)
+    assert "accuracy" in dom and "loss" in dom and "global_step/sec" in dom, dom[-2000:]
+    assert screenshot.stat().st_size > 10_000
+    stopped = runner.invoke(cli, ["tensorboard", "--stop", "--lab", str(lab)])
+    assert stopped.exit_code == 0
