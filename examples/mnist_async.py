@@ -110,6 +110,8 @@ def main() -> None:
                 [train_op, global_step, loss], {x: data["x_train"][batch], y: data["y_train"][batch]}
             )
             local_steps += 1
+            if local_steps == 1:
+                print(f"{name}: first step done (global step {step})", flush=True)
             if local_steps % 100 == 0:
                 rate = local_steps / (time.time() - started)
                 print(f"{name}: global step {step} loss {batch_loss:.4f} ({rate:.1f} steps/s here)", flush=True)

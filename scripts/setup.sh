@@ -31,6 +31,8 @@ for extra in "$@"; do
 done
 
 PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || { say "tflab needs Python 3.11+ ($PYTHON is older); set PYTHON=python3.11"; exit 1; }
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || { say "installing python3-venv"; apt_install python3-venv; }
 if [ ! -x .venv/bin/python ]; then
     say "creating .venv"
     "$PYTHON" -m venv .venv

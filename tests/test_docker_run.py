@@ -149,3 +149,26 @@ def test_parameter_server_strategy_with_a_chief(labs, runner, digits) -> None:
     assert out.index("tflab: worker1 is serving") < out.index("tflab: starting chief")
     accuracy = [l for l in lines_of(out, "chief") if "test accuracy" in l]
     assert accuracy and float(accuracy[-1].split()[-1]) >= 0.8
+
+
+def test_a_failed_worker_is_restarted_when_asked_and_the_run_succeeds(ps_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(ps_lab)
+    add_tasks(ps_lab, {"medium": "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
+                                 "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=6000"})
+    child = subprocess.Popen([sys.executable, "-m", "tflab", "run", "medium", "--restarts", "1", "--lab", str(ps_lab)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    assert child.stdout is not None
+    for line in child.stdout:
+        output.append(line)
+        if line.startswith("[worker1] worker1: first step done"):
+            break
+    worker1 = nodes.lab_containers(docker_client, lf.project)["worker1"]
+    assert nodes.exec_quiet(docker_client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])[0] == 0
+    rest, _ = child.communicate(timeout=300)
+    text = "".join(output) + rest
+    assert child.returncode == 0, text[-3000:]
+    assert "tflab: worker1 exited with 137; restart 1 of 1" in text
+    worker1_row = next(line for line in text.splitlines() if line.startswith("│ worker1"))
+    assert "ok (attempt 2)" in worker1_row
+    assert task_processes(docker_client, lf.project) == {}

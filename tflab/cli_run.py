@@ -130,6 +130,7 @@ def doctor() -> None:
     console().print(table)
     failed = [c for c in checks if c.status == "fail"]
     if failed:
-        console().print(f"{len(failed)} thing(s) missing: " + "; ".join(f"{c.name}: {c.fix}" for c in failed))
+        for check in failed:
+            console().print(f"missing: {check.name}: {check.detail}; fix: {check.fix}", soft_wrap=True)
         raise typer.Exit(1)
     console().print("ready for CPU labs" + ("" if any(c.name == "GPUs" and c.status == "ok" for c in checks) else " (no GPU here)"))

@@ -55,11 +55,14 @@ class NodeRun:
         """Seconds it ran (until now while running)."""
         return (self.ended or time.monotonic()) - self.started
 
-    def steps_per_second(self) -> float | None:
-        """Training steps per second from the `step N` lines it printed."""
-        if len(self.steps) < 2:
+    def steps_per_second(self, window_s: float | None = None) -> float | None:
+        """Training steps per second from the `step N` lines it printed (over the last `window_s`)."""
+        steps = self.steps
+        if window_s is not None and steps:
+            steps = [s for s in steps if s[0] >= steps[-1][0] - window_s]
+        if len(steps) < 2:
             return None
-        (t0, s0), (t1, s1) = self.steps[0], self.steps[-1]
+        (t0, s0), (t1, s1) = steps[0], steps[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
@@ -72,6 +75,7 @@ class RunOptions:
     ready_timeout_s: float = 120.0  # a server's port must accept within this
     restarts: int = 0  # restarts allowed per failed (non-chief) worker
     stop_grace_s: float = 3.0  # SIGTERM to SIGKILL
+    report_every_s: float = 10.0  # how often the live steps/s line is shown
 
 
 def wrapped(run_id: str, node: str, argv: Sequence[str]) -> list[str]:
@@ -256,12 +260,16 @@ class Supervisor:
         chief_ended: float | None = None
         restarts = {n.name: 0 for n in finishers}
         names = [n.name for n in finishers]
+        last_report = time.monotonic()
         while True:
             try:
                 run = self.done.get(timeout=0.2)
             except queue.Empty:
                 run = None
             now = time.monotonic()
+            if now - last_report >= self.options.report_every_s:
+                last_report = now
+                self._report_rates(names)
             if run is not None:
                 self._record(run)
                 name = run.node.name
@@ -293,6 +301,18 @@ class Supervisor:
                 )
             if deadline is not None and now > deadline:
                 raise _RunFailed(f"the run passed its timeout of {self.options.timeout_s:.0f}s")
+
+
+    def _report_rates(self, names: Sequence[str]) -> None:
+        """The live line: each running worker's steps per second over the last interval."""
+        rates = []
+        for name in names:
+            run = self.runs[name]
+            rate = run.steps_per_second(self.options.report_every_s * 1.5)
+            if run.ended is None and rate is not None:
+                rates.append(f"{name} {rate:.1f}")
+        if rates:
+            self.on_event("steps/s: " + ", ".join(rates))
 
 
 class _RunFailed(Exception):
