@@ -96,10 +96,11 @@ def bench_bring_up(root: Path, code: Path, repeats: int) -> None:
             "tflab also waits for sshd and health")
 
 
-def first_step_times(argv: list[str], workers: list[str], timeout: float = 300) -> float:
+def first_step_times(argv: list[str], workers: list[str], env: dict[str, str] | None = None,
+                     timeout: float = 300) -> float:
     """Seconds from start until every worker printed its first training step."""
     started = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     seen: set[str] = set()
     assert child.stdout is not None
     elapsed = float("nan")
@@ -123,9 +124,12 @@ docker exec "$PS0" sh -c "rm -rf /runs/hand; $cmd --job_name=ps --task_index=0" 
 PS=$!
 sleep 5
 docker exec "$W0" sh -c "$cmd --job_name=worker --task_index=0" &
+W0P=$!
 docker exec "$W1" sh -c "$cmd --job_name=worker --task_index=1" &
+W1P=$!
 docker exec "$W2" sh -c "$cmd --job_name=worker --task_index=2" &
-wait %2 %3 %4
+W2P=$!
+wait $W0P $W1P $W2P
 docker exec "$PS0" pkill -9 -f mnist_async.py
 wait
 """
@@ -147,7 +151,7 @@ def bench_first_step(root: Path, code: Path, data: Path, repeats: int) -> None:
     ours, theirs = [], []
     for _ in range(repeats):
         ours.append(first_step_times([*TFLAB, "run", "short", "--lab", str(lab)], workers))
-        theirs.append(first_step_times(["sh", str(script)], workers))
+        theirs.append(first_step_times(["sh", str(script)], workers, env=env))
     down(lab)
     row("time to first step, 3 workers (tflab run vs start ps, sleep 5, start workers)", ours, theirs,
         "tflab waits for the ps port instead of sleeping")

@@ -57,9 +57,14 @@ def test_four_node_lab_end_to_end(labs, runner, tmp_path: Path) -> None:
     assert exec_out(runner, lab, "worker0", "ssh", "-o", "BatchMode=yes", "worker2", "hostname").strip() == "worker2"
     assert "TFLAB_NODE=worker2" in exec_out(runner, lab, "worker0", "ssh", "worker2", "env")
 
-    status = runner.invoke(cli, ["status", "--lab", str(lab)])
-    assert status.exit_code == 0
-    rows = [line for line in status.stdout.splitlines() if line.startswith("│")]
+    # The engine's healthcheck runs every 3 s; within a few seconds every node reads healthy.
+    for _ in range(20):
+        status = runner.invoke(cli, ["status", "--lab", str(lab)])
+        assert status.exit_code == 0
+        rows = [line for line in status.stdout.splitlines() if line.startswith("│")]
+        if len(rows) == 4 and all("running" in r and "healthy" in r for r in rows):
+            break
+        time.sleep(0.5)
     assert len(rows) == 4 and all("running" in r and "healthy" in r for r in rows), status.stdout
 
     # up again: nothing to do; after an edit, only the code is copied again.
