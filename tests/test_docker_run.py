@@ -49,6 +49,25 @@ def lines_of(output: str, node: str) -> list[str]:
     return [line[len(node) + 3:] for line in output.splitlines() if line.startswith(f"[{node}] ")]
 
 
+def run_and_kill_worker1(lf, client, run_args: list[str], marker: str, timeout: float):
+    """`tflab run` as a user starts it; once `marker` is printed, worker1's training is killed.
+
+    Returns the finished process, all it printed, and when the kill happened."""
+    child = subprocess.Popen([sys.executable, "-m", "tflab", "run", *run_args, "--lab", str(lf.root)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    assert child.stdout is not None
+    for line in child.stdout:
+        output.append(line)
+        if line.startswith(marker):
+            break
+    killed_at = time.monotonic()
+    worker1 = nodes.lab_containers(client, lf.project)["worker1"]
+    assert nodes.exec_quiet(client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])[0] == 0
+    rest, _ = child.communicate(timeout=timeout)
+    return child, "".join(output) + rest, killed_at
+
+
 @pytest.fixture
 def ps_lab(labs, runner, digits) -> Path:
     lab = labs.gen(nodes=4, code=REPO / "examples", data=digits)
@@ -103,21 +122,8 @@ def test_killed_worker_fails_the_run_fast_and_stops_the_rest(ps_lab: Path, docke
     lf = labfiles.open_lab(ps_lab)
     add_tasks(ps_lab, {"long": "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
                                "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --train_steps=10000000"})
-    child = subprocess.Popen([sys.executable, "-m", "tflab", "run", "long", "--lab", str(ps_lab)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = []
-    assert child.stdout is not None
-    for line in child.stdout:
-        output.append(line)
-        if line.startswith("[worker1] worker1: global step"):
-            break
-    killed_at = time.monotonic()
-    worker1 = nodes.lab_containers(docker_client, lf.project)["worker1"]
-    code, _ = nodes.exec_quiet(docker_client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])
-    assert code == 0
-    rest, _ = child.communicate(timeout=120)
-    output.append(rest)
-    text = "".join(output)
+    child, text, killed_at = run_and_kill_worker1(
+        lf, docker_client, ["long"], "[worker1] worker1: global step", timeout=120)
     assert child.returncode == 1, text[-3000:]
     assert time.monotonic() - killed_at < 60
     assert "tflab: worker1 failed with exit code 137" in text
@@ -155,18 +161,8 @@ def test_a_failed_worker_is_restarted_when_asked_and_the_run_succeeds(ps_lab: Pa
     lf = labfiles.open_lab(ps_lab)
     add_tasks(ps_lab, {"medium": "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
                                  "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=6000"})
-    child = subprocess.Popen([sys.executable, "-m", "tflab", "run", "medium", "--restarts", "1", "--lab", str(ps_lab)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = []
-    assert child.stdout is not None
-    for line in child.stdout:
-        output.append(line)
-        if line.startswith("[worker1] worker1: first step done"):
-            break
-    worker1 = nodes.lab_containers(docker_client, lf.project)["worker1"]
-    assert nodes.exec_quiet(docker_client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])[0] == 0
-    rest, _ = child.communicate(timeout=300)
-    text = "".join(output) + rest
+    child, text, _ = run_and_kill_worker1(
+        lf, docker_client, ["medium", "--restarts", "1"], "[worker1] worker1: first step done", timeout=300)
     assert child.returncode == 0, text[-3000:]
     assert "tflab: worker1 exited with 137; restart 1 of 1" in text
     worker1_row = next(line for line in text.splitlines() if line.startswith("│ worker1"))

@@ -113,7 +113,7 @@ def wait_for_ssh(host: str, port: int, deadline: float) -> bool:
                     return True
         except OSError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)
     return False
 
 
