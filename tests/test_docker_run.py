@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import REPO, cli
-from tflab import engine, labfiles, nodes
+from tflab import labfiles, nodes
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 NOISE = ("I0000", "W0000", "E0000")

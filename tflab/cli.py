@@ -18,7 +18,7 @@ from tflab import config as cfg
 from tflab import gpus as gpu_discovery
 from tflab import labfiles, ports, proc, views
 from tflab.errors import TflabError, UserError
-from tflab.model import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology
+from tflab.model import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology, plan
 
 
 class TflabGroup(TyperGroup):
@@ -182,7 +182,7 @@ def gen(
         memlock=host_memlock_limit(),
         tasks=cfg.code_tasks((root / code).resolve()) if code else {},
     )
-    planned = labfiles.plan(topology, listed)
+    planned = plan(topology, listed)
     ports.require_free(
         bind,
         [(n.name, "SSH", n.ssh_port) for n in planned.nodes]

@@ -12,7 +12,6 @@ from typing import Annotated, Iterator
 
 import click
 import typer
-from rich.console import Console
 
 from tflab import engine, hostsettings, image, lab as lab_ops, labfiles, launcher, nodes, proc, tasks, views
 from tflab.cli import DashDashCommand, LabOption, app, console, err_console

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import docker
 import docker.errors
@@ -119,7 +120,7 @@ def node_build_advice(error: str, log_path: Path) -> str:
     return f"building the node image failed: {first}; log: {log_path}"
 
 
-def run_logged(argv: list[str], log, progress: Progress) -> int:
+def run_logged(argv: list[str], log: TextIO, progress: Progress) -> int:
     """Run `argv`, writing every line to `log` and showing it as progress; its exit code."""
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
         assert child.stdout is not None

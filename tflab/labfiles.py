@@ -11,7 +11,7 @@ from tflab import config as cfg
 from tflab import keys, render
 from tflab.config import LabConfig
 from tflab.errors import UserError
-from tflab.model import Lab, plan  # noqa: F401  (plan is used by the CLI)
+from tflab.model import Lab, plan
 
 
 @dataclass(frozen=True)

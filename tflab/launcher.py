@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import queue
 import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -324,7 +323,3 @@ def succeeded(runs: Sequence[NodeRun]) -> bool:
     finishers = [r for r in runs if r.role == "finisher"]
     return bool(finishers) and all(r.verdict == "ok" for r in finishers)
 
-
-def shell_command(argv: Sequence[str]) -> str:
-    """argv as one shell-quoted line (for messages)."""
-    return shlex.join(argv)

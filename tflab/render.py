@@ -51,7 +51,7 @@ class Volume:
     read_only: bool
 
 
-def volumes(config: LabConfig, lab_dir: Path) -> list[Volume]:
+def volumes(config: LabConfig) -> list[Volume]:
     """Keys read-only, the shared runs folder, and the data when it is mounted, not copied."""
     mounts = [
         Volume("./keys", "/etc/tflab/keys", True),
@@ -90,7 +90,7 @@ def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
         shm_size=config.shm_size,
         memlock=config.memlock,
         bind=lab.topology.bind,
-        volumes=volumes(config, lab_dir),
+        volumes=volumes(config),
         compose_file=COMPOSE_FILE,
     )
 
