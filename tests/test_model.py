@@ -48,6 +48,7 @@ def test_environment_of_worker1_matches_design() -> None:
         "TFLAB_WORKER_HOSTS": "worker0:2222,worker1:2222,worker2:2222",
         "TFLAB_NUM_GPUS": "2",
         "PYTHONUNBUFFERED": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
     }
 
 

@@ -214,6 +214,9 @@ def node_env(
         "TFLAB_WORKER_HOSTS": ",".join(cluster.get("worker", [])),
         "TFLAB_NUM_GPUS": str(gpus),
         "PYTHONUNBUFFERED": "1",
+        # TensorFlow's C++ INFO and WARNING lines drown the training output; errors stay
+        # (a task may set TF_CPP_MIN_LOG_LEVEL=0 to see them all).
+        "TF_CPP_MIN_LOG_LEVEL": "2",
     }
     if "chief" in cluster:
         env["TFLAB_CHIEF_HOST"] = cluster["chief"][0]

@@ -27,7 +27,7 @@ chmod 600 /root/.ssh/config
 ssh-keygen -A >/dev/null
 
 # SSH sessions see what `docker exec` sees: TF_CONFIG, TFLAB_*, PATH and the CUDA variables.
-env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED)=' \
+env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED)=' \
     > /root/.ssh/environment || true
 sed 's/^\([^=]*\)=\(.*\)$/export \1='"'"'\2'"'"'/' /root/.ssh/environment > /etc/profile.d/tflab.sh
 
