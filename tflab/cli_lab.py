@@ -12,6 +12,7 @@ from typing import Annotated, Iterator
 
 import click
 import typer
+from rich.markup import escape
 
 from tflab import engine, hostsettings, image, lab as lab_ops, labfiles, launcher, nodes, proc, tasks, views
 from tflab.cli import DashDashCommand, LabOption, app, console, err_console
@@ -24,7 +25,8 @@ def progress_line(title: str) -> Iterator[image.Progress]:
     err = err_console()
     if err.is_terminal:
         with err.status(title) as status:
-            yield lambda line: status.update(f"{title}: [dim]{line[-110:]}[/dim]")
+            # Build output may hold brackets; escaped, Rich shows them instead of reading markup.
+            yield lambda line: status.update(f"{title}: [dim]{escape(line[-110:])}[/dim]")
     else:
         last: list[str] = []
 
