@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import click
 import typer
 from rich.console import Console
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 
 from tflab import config as cfg
 from tflab import gpus as gpu_discovery
@@ -42,14 +42,6 @@ class TflabGroup(TyperGroup):
             click.echo(f"tflab: error: {exc}", err=True)
             sys.exit(exc.exit_code)
         sys.exit(result if isinstance(result, int) else 0)
-
-
-class DashDashCommand(TyperCommand):
-    """Remembers whether `--` was on the command line (`exec NODE -- CMD` versus `exec NODE TASK`)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.meta["tflab.dashdash"] = "--" in args
-        return super().parse_args(ctx, args)
 
 
 app = typer.Typer(

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from tflab import engine, hostsettings, image, lab as lab_ops, labfiles, launcher, nodes, proc, tasks, views
-from tflab.cli import DashDashCommand, LabOption, app, console, err_console
+from tflab.cli import LabOption, app, console, err_console
 from tflab.errors import UserError
 
 
@@ -37,11 +37,6 @@ def progress_line(title: str) -> Iterator[image.Progress]:
             last.append(line)
 
         yield show
-
-
-def open_lab(path: Path) -> labfiles.LabFiles:
-    """The lab in `path`."""
-    return labfiles.open_lab(path)
 
 
 def compose_for(lf: labfiles.LabFiles) -> engine.Compose:
@@ -75,7 +70,7 @@ def build(
     lab: LabOption = Path("."),
 ) -> None:
     """Build the lab's node image (skipped when an image of the same inputs exists)."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     client = engine.client()
     with progress_line("node image") as progress:
         result = lab_ops.ensure_image(lf, client, progress, force=force)
@@ -89,7 +84,7 @@ def build(
 @app.command()
 def up(lab: LabOption = Path(".")) -> None:
     """Start the lab: build if needed, start nodes, wait for sshd, copy code and data."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     client = engine.client()
     with progress_line("up") as progress:
         copied = lab_ops.up(lf, client, compose_for(lf), progress)
@@ -103,7 +98,7 @@ def up(lab: LabOption = Path(".")) -> None:
 @app.command()
 def status(lab: LabOption = Path(".")) -> None:
     """Each node's state and health, GPUs and ports."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     states = lab_ops.status(lf, engine.client())
     out = console()
     out.print(views.status_table(lf.lab, states, lf.lab.topology.bind))
@@ -122,33 +117,31 @@ def logs(
     lab: LabOption = Path("."),
 ) -> None:
     """The nodes' logs (sshd and anything the entrypoint printed)."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     if node is not None:
         lf.lab.node(node)
     args = ["logs", "--tail", tail] + (["--follow"] if follow else []) + ([node] if node else [])
-    compose = compose_for(lf)
-    argv = [*(compose.argv or engine.find_compose()), "-f", str(lf.compose_path), "-p", lf.project, *args]
+    argv = [*engine.find_compose(), "-f", str(lf.compose_path), "-p", lf.project, *args]
     sys.exit(subprocess.call(argv))
 
 
 @app.command(
-    "exec", cls=DashDashCommand,
-    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    "exec", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
 )
 def exec_(
-    ctx: typer.Context,
     node: Annotated[str, typer.Argument(help="The node to run on.")],
     command: Annotated[list[str] | None, typer.Argument(help="TASK from tflab.yaml, or -- CMD ...")] = None,
     tty: Annotated[bool | None, typer.Option("--tty/--no-tty", help="Give it a terminal (default: when stdin is one).")] = None,
     lab: LabOption = Path("."),
 ) -> None:
     """Run a task (or, after --, any command) as NODE; its exit code is tflab's."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     lf.lab.node(node)
     words = list(command or [])
-    dashdash = bool(ctx.meta.get("tflab.dashdash"))
-    if words[:1] == ["--"]:  # after NODE, click leaves `--` among the arguments
-        words, dashdash = words[1:], True
+    # Options end at NODE, so click leaves a `--` after it among the arguments.
+    dashdash = words[:1] == ["--"]
+    if dashdash:
+        words = words[1:]
     if not words:
         argv, env = ["bash", "-l"], {}
     elif dashdash:
@@ -203,7 +196,7 @@ def ssh(
     lab: LabOption = Path("."),
 ) -> None:
     """Open a shell on NODE over SSH with the lab key, through its published port."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     if shutil.which("ssh") is None:
         raise UserError("no ssh client on this host; install openssh-client")
     sys.exit(subprocess.call(ssh_argv(lf, node, remote or [])))
@@ -212,7 +205,7 @@ def ssh(
 @app.command()
 def down(lab: LabOption = Path(".")) -> None:
     """Stop and remove every container and network of the lab (the runs folder stays)."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     removed, networks = lab_ops.down(lf.project, engine.client())
     if removed or networks:
         console().print(f"removed {removed} node(s) and {networks} network(s); outputs stay in {lf.runs_dir}")

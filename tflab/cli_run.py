@@ -11,14 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 from tflab import doctor as doctor_checks
-from tflab import engine, lab as lab_ops, launcher, nodes, tasks, views
+from tflab import engine, lab as lab_ops, labfiles, launcher, nodes, tasks, views
 from tflab.cli import LabOption, app, console
-from tflab.cli_lab import open_lab
 from tflab.errors import UserError
-from tflab.labfiles import LabFiles
 
 
-def fresh_run_dir(lf: LabFiles, task: str, resume: bool) -> Path:
+def fresh_run_dir(lf: labfiles.LabFiles, task: str, resume: bool) -> Path:
     """The host side of /runs/TASK: a previous run's is moved aside unless resuming."""
     folder = lf.runs_dir / task
     if folder.exists() and not resume:
@@ -27,7 +25,7 @@ def fresh_run_dir(lf: LabFiles, task: str, resume: bool) -> Path:
     return folder
 
 
-def summary(lf: LabFiles, runs: list[launcher.NodeRun]) -> Table:
+def summary(lf: labfiles.LabFiles, runs: list[launcher.NodeRun]) -> Table:
     """node, role, exit, duration, steps/s, verdict."""
     table = Table(title="run summary")
     for column in ("node", "role", "exit", "duration", "steps/s", "verdict"):
@@ -56,7 +54,7 @@ def run(
     lab: LabOption = Path("."),
 ) -> None:
     """Run TASK on every node: servers first (waited on), then workers; exit 0 only if all workers succeed."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     definition = lf.config.task(task)
     if restarts < 0:
         raise UserError("--restarts cannot be negative")
@@ -100,7 +98,7 @@ def tensorboard(
     lab: LabOption = Path("."),
 ) -> None:
     """Serve the shared runs folder with TensorBoard inside the chief node, published on the host."""
-    lf = open_lab(lab)
+    lf = labfiles.open_lab(lab)
     client = engine.client()
     chief = lf.lab.chief
     container = nodes.running_container(client, lf.project, chief.name)
