@@ -10,6 +10,15 @@ import pytest
 import yaml
 
 from conftest import cli, snapshot
+from tflab import ports
+
+
+@pytest.fixture(autouse=True)
+def host_ports_free(request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gen checks that the lab's ports are free on the host: here they are, whatever the host runs
+    (a test that needs a taken port takes one for real)."""
+    if "real_ports" not in request.keywords:
+        monkeypatch.setattr(ports, "port_free", lambda host, port: True)
 
 
 def test_reference_case_from_the_fake_nvidia_smi(runner, fake_nvidia_smi: Path, tmp_path: Path) -> None:
@@ -31,7 +40,9 @@ def test_reference_case_from_the_fake_nvidia_smi(runner, fake_nvidia_smi: Path, 
     assert doc["services"]["worker2"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["6", "7"]
     saved = yaml.safe_load((lab / "tflab.yaml").read_text())
     assert saved["gpus"][0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
-    assert saved["image"]["base"] == "tensorflow/tensorflow:2.18.0-gpu"
+    assert saved["image"]["base"] == "auto"
+    dockerfile = (lab / "image" / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=tensorflow/tensorflow:2.18.0-gpu" in dockerfile
     private = lab / "keys" / "id_ed25519"
     assert private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
     assert oct(private.stat().st_mode & 0o777) == "0o600"
@@ -77,7 +88,17 @@ BAD_INPUTS = [
     (["--ssh-port-base", "65534"], "runs to port 65537, past 65535"),
     (["--tensorboard-port-base", "70000"], "past 65535"),
     (["--data-mode", "rsync"], "--data-mode must be copy or mount"),
-    (["--code", "/no/such/folder"], "/no/such/folder: no such folder"),
+    (["--code", "/no/such/folder"], "--code /no/such/folder: no such folder"),
+    (["--data", "/no/such/folder"], "--data /no/such/folder: no such folder"),
+    (["--link-rate", "fast"], "--link-rate 'fast' is not a rate: write a number and a unit, such as 100mbit"),
+    (["--link-rate", "0"], "--link-rate '0' is not a rate"),
+    (["--link-rate", "0mbit"], "--link-rate '0mbit' is too slow for a link"),
+    (["--link-delay", "-1"], "--link-delay '-1' must be between 0 and 60000 milliseconds"),
+    (["--link-delay", "soon"], "--link-delay 'soon' is not a number of milliseconds"),
+    (["--target", "k8s"], "--target must be compose or swarm, not 'k8s'"),
+    (["--place", "ps0=a"], "--place and --registry are for swarm labs: add --target swarm"),
+    (["--target", "swarm", "--place", "ps9=a"], "--place 'ps9=a': no node 'ps9' in this lab"),
+    (["--target", "swarm", "--place", "ps0"], "--place 'ps0': write NODE=HOST"),
 ]
 
 
@@ -109,6 +130,7 @@ def test_too_many_gpus_from_nvidia_smi_says_how_many(runner, fake_nvidia_smi: Pa
     assert not (tmp_path / "lab").exists()
 
 
+@pytest.mark.real_ports
 def test_port_already_taken(runner, tmp_path: Path) -> None:
     with occupied_port() as sock:
         port = sock.getsockname()[1]
@@ -127,3 +149,41 @@ def test_existing_lab_without_force(runner, tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr.strip() == f"tflab: error: a lab already exists in {lab}; pass --force to overwrite it"
     assert snapshot(lab) == before
+
+
+def test_gen_without_options_writes_the_examples_and_their_data(runner, tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    result = runner.invoke(cli, ["gen", "--lab", str(lab)])
+    assert result.exit_code == 0, result.stderr
+    saved = yaml.safe_load((lab / "tflab.yaml").read_text())
+    assert (saved["code"], saved["data"], saved["image"]["base"]) == ("code", "data", "auto")
+    assert set(saved["tasks"]) >= {"train", "allreduce", "hello", "single", "ps_strategy"}
+    assert (lab / "code" / "mnist_async.py").is_file() and (lab / "code" / "tflab_example.py").is_file()
+    assert not (lab / "code" / "data").exists()
+    import numpy as np
+
+    with np.load(lab / "data" / "digits.npz") as digits:
+        assert digits["x_train"].shape == (1437, 8, 8) and digits["y_test"].shape == (360,)
+    assert "tasks: train, hello, allreduce, ps_strategy, single" in result.stdout
+
+
+def test_gen_force_keeps_the_users_code_and_its_tasks(runner, tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    assert runner.invoke(cli, ["gen", "--lab", str(lab)]).exit_code == 0
+    (lab / "code" / "mnist_async.py").write_text("# my edit\n")
+    (lab / "code" / "tflab.yaml").write_text("tasks:\n  mine: python /workspace/mine.py\n")
+    assert runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "3", "--force"]).exit_code == 0
+    assert (lab / "code" / "mnist_async.py").read_text() == "# my edit\n"
+    assert list(yaml.safe_load((lab / "tflab.yaml").read_text())["tasks"]) == ["mine"]
+
+
+def test_links_and_swarm_settings_are_recorded(runner, tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    result = runner.invoke(cli, ["gen", "--lab", str(lab), "--link-rate", "100Mbit", "--link-delay", "5",
+                                 "--target", "swarm", "--place", "ps0=host-a", "--registry", "reg.example:5000"])
+    assert result.exit_code == 0, result.stderr
+    saved = yaml.safe_load((lab / "tflab.yaml").read_text())
+    assert saved["links"] == {"rate": "100mbit", "delay_ms": 5.0}
+    assert saved["target"] == "swarm" and saved["swarm"] == {"place": {"ps0": "host-a"}, "registry": "reg.example:5000"}
+    assert saved["image"]["memlock"] is None
+    assert "links: 100mbit, 5 ms delay on every node's egress" in result.stdout

@@ -1,12 +1,16 @@
-"""tflab.yaml and task placeholders."""
+"""tflab.yaml read strictly, task placeholders, task names."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from conftest import cli
 from tflab import config as cfg
 from tflab.errors import UserError
 from tflab.gpus import Gpu
+from tflab.links import Links
 from tflab.model import Topology
 
 
@@ -14,14 +18,19 @@ def test_round_trip_keeps_everything() -> None:
     config = cfg.LabConfig(
         name="lab", topology=Topology(nodes=4, gpus_per_node=2, chief=True, ssh_port_base=30000),
         gpus=(Gpu(0, name="H100", memory_mib=81559), Gpu(1)), base_image=cfg.LOCAL_BASE,
-        code="../code", data="../data", data_mode="mount",
-        tasks={"train": cfg.Task("train", "python t.py"), "pss": cfg.Task("pss", "python p.py", ("ps", "worker"))},
+        code="../code", data="../data", data_mode="mount", memlock=-1,
+        tasks={"train": cfg.Task("train", "python t.py"), "pss": cfg.Task("pss", "python p.py", ("ps", "worker")),
+               "plain": cfg.Task("plain", "sh x.sh", preload=False)},
+        links=Links(rate="100mbit", delay_ms=5.0),
+        target="swarm", swarm=cfg.SwarmSettings(place={"ps0": "host-a"}, registry="registry.example:5000"),
     )
     again = cfg.from_yaml(cfg.to_yaml(config))
     assert again.topology == Topology(nodes=4, ps=1, gpus_per_node=2, chief=True, ssh_port_base=30000)
     assert again.gpus == config.gpus
     assert again.tasks == config.tasks
     assert (again.code, again.data, again.data_mode, again.base_image) == ("../code", "../data", "mount", cfg.LOCAL_BASE)
+    assert again.memlock == -1 and again.links == Links("100mbit", 5.0)
+    assert again.target == "swarm" and again.swarm == config.swarm
 
 
 def test_placeholders_are_filled_and_other_braces_left_alone() -> None:
@@ -33,20 +42,89 @@ def test_placeholders_are_filled_and_other_braces_left_alone() -> None:
     )
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("topology: [1, 2]", "`topology` must be a mapping"),
-    ("topology: {nodes: four}", "not a number"),
-    ("tasks: {train: 3}", "task 'train' needs a command"),
-    ("tasks: {t: {command: x, servers: [boss]}}", "`servers` lists roles"),
-    ("data_mode: rsync", "data_mode must be copy or mount"),
+# Every bad tflab.yaml names what is wrong, and where.
+BAD_FILES = [
+    ("topology: [1, 2]", "tflab.yaml: topology must be a mapping, not a list"),
+    ("topology: {nodes: four}", "tflab.yaml: topology.nodes must be a whole number, not str 'four'"),
+    ("topology: {nodes: 2.5}", "topology.nodes must be a whole number, not float 2.5"),
+    ("topology: {nodes: -1}", "topology.nodes must be at least 1, not -1"),
+    ("topology: {nodes: 4, ps: -2}", "topology.ps must be at least 0, not -2"),
+    ("topology: {nodes: true}", "topology.nodes must be a whole number, not bool True"),
+    ("topology: {chief: 'false'}", "topology.chief must be true or false, not str 'false'"),
+    ("topology: {chief: 1}", "topology.chief must be true or false, not int 1"),
+    ("topology: {gpus_per_node: -1}", "topology.gpus_per_node must be at least 0"),
+    ("topology: {nodse: 4}", "topology.nodse is not a key tflab knows (did you mean nodes?)"),
+    ("toplogy: {nodes: 4}", "toplogy is not a key tflab knows (did you mean topology?)"),
+    ("ports: {ssh_base: 70000}", "ports.ssh_base must be at most 65535, not 70000"),
+    ("ports: {ssh_base: '20022'}", "ports.ssh_base must be a whole number, not str '20022'"),
+    ("ports: {bind: 127}", "ports.bind must be a text, not int 127"),
+    ("image: {memlock: lots}", "image.memlock must be a whole number, not str 'lots'"),
+    ("image: {memlock: -5}", "image.memlock must be at least -1, not -5"),
+    ("image: {base: ''}", "image.base must be a text"),
+    ("gpus: {index: 0}", "gpus must be a list"),
+    ("gpus: [{index: -1}]", "gpus[0].index must be at least 0"),
+    ("gpus: [{name: x}]", "gpus[0].index is missing"),
+    ("links: {rate: fast}", "links.rate 'fast' is not a rate"),
+    ("links: {delay_ms: -1}", "links.delay_ms -1 must be between 0 and"),
+    ("links: {delay_ms: soon}", "links.delay_ms must be a number of milliseconds"),
+    ("data_mode: rsync", "data_mode must be one of copy, mount, not 'rsync'"),
+    ("target: kubernetes", "target must be one of compose, swarm, not 'kubernetes'"),
+    ("code: 3", "code must be a text, not int 3"),
+    ("tasks: [train]", "tasks must be a mapping, not a list"),
+    ("tasks: {train: 3}", "tasks.train needs a command"),
+    ("tasks: {train: ''}", "tasks.train needs a command"),
+    ("tasks: {t: {command: x, servers: [boss]}}", "tasks.t.servers lists roles"),
+    ("tasks: {t: {command: x, servers: ps}}", "tasks.t.servers lists roles"),
+    ("tasks: {t: {command: x, preload: 'no'}}", "tasks.t.preload must be true or false"),
+    ("tasks: {t: {cmd: x}}", "tasks.t.cmd is not a key tflab knows (did you mean command?)"),
+    ("tasks: {'..': echo}", "task name '..' is not a word"),
+    ("tasks: {'my task': echo}", "task name 'my task' is not a word"),
+    ("tasks: {'.hidden': echo}", "task name '.hidden' is not a word"),
+    ("tasks: {'a/b': echo}", "task name 'a/b' is not a word"),
+    ("tasks: {1: echo}", "tasks has a key that is not a word: 1"),
     ("a: [", "is not valid YAML"),
-])
-def test_malformed_lab_files_are_one_line_errors(text: str, message: str) -> None:
-    with pytest.raises(UserError, match=message):
+    ("- just\n- a list", "must be a mapping of keys"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_FILES)
+def test_bad_lab_files_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(UserError) as caught:
         cfg.from_yaml(text)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
-def test_unknown_task_names_the_known_ones() -> None:
+@pytest.mark.parametrize(("text", "message"), BAD_FILES)
+def test_bad_lab_files_are_one_line_and_exit_2_in_any_command(runner, tmp_path: Path, text: str,
+                                                             message: str) -> None:
+    (tmp_path / "tflab.yaml").write_text(text)
+    result = runner.invoke(cli, ["status", "--lab", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("tflab: error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_a_lab_file_tflab_cannot_plan_is_one_line_too(runner, tmp_path: Path) -> None:
+    (tmp_path / "tflab.yaml").write_text("topology: {nodes: 2, ps: 2}\n")
+    result = runner.invoke(cli, ["status", "--lab", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"tflab: error: {tmp_path / 'tflab.yaml'}: --ps 2 leaves no worker among "
+                                     "2 node(s); use --ps 1 or more --nodes")
+
+
+def test_unknown_task_names_the_known_ones_and_bad_names_are_refused() -> None:
     config = cfg.LabConfig(name="l", topology=Topology(nodes=1), tasks={"train": cfg.Task("train", "x")})
     with pytest.raises(UserError, match="no task 'trian' in tflab.yaml; its tasks are: train"):
         config.task("trian")
+    with pytest.raises(UserError, match=r"task name '\.\.' is not a word"):
+        config.task("..")
+    with pytest.raises(UserError, match="task name 'a b' is not a word"):
+        config.task("a b")
+
+
+def test_tasks_keep_their_short_form_when_it_says_everything() -> None:
+    tasks = {"a": cfg.Task("a", "x"), "b": cfg.Task("b", "y", ("ps", "worker")), "c": cfg.Task("c", "z", preload=False)}
+    assert cfg.dump_tasks(tasks) == {
+        "a": "x", "b": {"command": "y", "servers": ["ps", "worker"]}, "c": {"command": "z", "preload": False},
+    }

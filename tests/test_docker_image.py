@@ -16,16 +16,16 @@ pytestmark = pytest.mark.docker
 
 def test_second_build_does_no_work(labs, runner) -> None:
     lab = labs.gen(nodes=1)
-    first = runner.invoke(cli, ["build", "--lab", str(lab)])
+    first = runner.invoke(cli, ["build", "--force", "--lab", str(lab)])
     assert first.exit_code == 0, first.stderr
-    image_id = labs.client.images.get(first.stdout.split()[1]).id if "built" in first.stdout else None
+    assert first.stdout.startswith("built tflab-node:"), first.stdout
+    tag = first.stdout.split()[1]
+    built_id = labs.client.images.get(tag).id
+    assert built_id[7:19] in first.stdout
     second = runner.invoke(cli, ["build", "--lab", str(lab)])
     assert second.exit_code == 0, second.stderr
-    assert "is up to date" in second.stdout
-    tag = second.stdout.split()[0]
-    assert tag.startswith("tflab-node:")
-    assert image_id in (None, labs.client.images.get(tag).id)
-    assert labs.client.images.get(tag).id[7:19] in second.stdout
+    assert second.stdout.startswith(f"{tag} is up to date ({built_id[7:19]})"), second.stdout
+    assert labs.client.images.get(tag).id == built_id
 
 
 # Key blocks with their base64 body (binaries that merely name the marker do not count).
@@ -56,7 +56,12 @@ def test_saved_image_holds_no_private_key_and_no_root_password(labs, runner, tmp
     tag = next(word for word in built.stdout.split() if word.startswith("tflab-node:"))
     saved = tmp_path / "image.tar"
     subprocess.run(["docker", "save", "-o", str(saved), tag], check=True)
-    lab_key = (lab / "keys" / "id_ed25519").read_text().splitlines()[1].encode()
+    # The key's last line of base64 before its footer holds private key bytes unique to this key
+    # (its first lines are the same fixed header in every unencrypted ed25519 key).
+    key_lines = (lab / "keys" / "id_ed25519").read_text().splitlines()
+    assert key_lines[-1] == "-----END OPENSSH PRIVATE KEY-----"
+    lab_key = key_lines[-2].encode()
+    assert len(lab_key) >= 20
     shadow_root = []
     for name, content in _layer_files(saved):
         assert not OPENSSH_KEY.search(content), f"SSH private key material in {name}"

@@ -71,9 +71,16 @@ def test_four_node_lab_end_to_end(labs, runner, tmp_path: Path) -> None:
     again = runner.invoke(cli, ["up", "--lab", str(lab)])
     assert again.exit_code == 0 and "copied" not in again.stdout
     (code / "note.txt").write_text("edited\n")
+    (code / "new.txt").write_text("new\n")
     edited = runner.invoke(cli, ["up", "--lab", str(lab)])
-    assert "copied: code→" in edited.stdout and "data" not in edited.stdout.split("copied:")[1].split("\n")[0]
+    copied = edited.stdout.split("copied:")[1].split("\n")[0]
+    assert "code→" in copied and "data" not in copied  # the lab's data (the digits) did not change
     assert exec_out(runner, lab, "worker1", "cat", "/workspace/note.txt") == "edited\n"
+    assert exec_out(runner, lab, "worker1", "ls", "/data") == "digits.npz\n"
+    # A file gone from the host goes from the nodes; nothing else is touched.
+    (code / "new.txt").unlink()
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    assert exec_out(runner, lab, "worker2", "ls", "/workspace") == "note.txt\n"
 
     exec_out(runner, lab, "ps0", "sh", "-c", "echo checkpoint-from-ps0 > /runs/ps0.txt")
     # A killed node shows in status.
@@ -117,6 +124,7 @@ def test_exec_of_unknown_node_or_task_is_one_line(labs, runner) -> None:
     assert node.stderr.strip() == "tflab: error: no node 'worker7' in this lab; its nodes are ps0, worker0"
     task = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "trian"])
     assert task.exit_code == 2
-    assert task.stderr.strip() == "tflab: error: no task 'trian' in tflab.yaml; its tasks are: none"
+    assert task.stderr.strip() == ("tflab: error: no task 'trian' in tflab.yaml; its tasks are: allreduce, hello, "
+                                   "ps_strategy, single, train")
     failing = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "--", "sh", "-c", "exit 7"])
     assert failing.exit_code == 7

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, cli
+from conftest import REPO, cli, missing
 from tflab import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -21,9 +21,7 @@ def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    if IN_CI:
-        pytest.fail("Chromium is required in CI (scripts/test.sh installs it)")
-    pytest.skip("no Chromium")
+    missing("no Chromium (scripts/test.sh installs it)")
 
 
 def browse(url: str, screenshot: Path) -> str:

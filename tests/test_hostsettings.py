@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tflab.errors import UserError
-from tflab.hostsettings import AptMirror, parse_apt_sources, parse_pip_config, pip_settings, read_apt_sources
+from tflab.hostsettings import (
+    AptMirror, PipSettings, build_files, parse_apt_sources, parse_pip_config, pip_settings, read_apt_sources,
+)
 
 DEB822 = """Types: deb
 # http://snapshot.debian.org/archive/debian/20250520T000000Z
@@ -42,9 +44,16 @@ def test_no_archive_is_a_clear_error() -> None:
         parse_apt_sources({"/etc/apt/sources.list": "# nothing\n"})
 
 
-def test_this_host_has_a_mirror() -> None:
-    mirror = parse_apt_sources(read_apt_sources())
-    assert mirror.uri.startswith(("http://", "https://")) and mirror.suite
+def test_sources_are_read_in_apts_order_from_the_files_and_folder(tmp_path) -> None:
+    (tmp_path / "sources.list").write_text("# moved to sources.list.d\n")
+    folder = tmp_path / "sources.list.d"
+    folder.mkdir()
+    (folder / "debian.sources").write_text(DEB822)
+    (folder / "zz-extra.list").write_text("deb http://other.example/debian trixie main\n")
+    (folder / "notes.txt").write_text("deb http://ignored.example/debian sid main\n")
+    files = read_apt_sources([tmp_path / "sources.list", folder])
+    assert list(files) == [str(tmp_path / "sources.list"), str(folder / "debian.sources"), str(folder / "zz-extra.list")]
+    assert parse_apt_sources(files) == AptMirror("http://mirror.example/debian", "bookworm")
 
 
 def test_pip_config_is_turned_into_container_variables() -> None:
@@ -74,3 +83,25 @@ def test_pip_settings_take_proxies_the_bundle_and_overrides(tmp_path) -> None:
     assert override.env == {"PIP_INDEX_URL": "https://other/simple"} and override.ca_bundle == bundle
     with pytest.raises(UserError, match="--ca-bundle /nope: no such file"):
         pip_settings(lambda argv, **kw: "", {}, ca_bundle="/nope")
+
+
+def test_find_links_are_kept_only_as_urls() -> None:
+    text = ":env:.find-links='/opt/wheels'\nglobal.find-links='https://wheels.corp.example/simple'\n"
+    assert parse_pip_config(text) == {"PIP_FIND_LINKS": "https://wheels.corp.example/simple"}
+    settings = pip_settings(lambda argv, **kw: "", {"PIP_FIND_LINKS": "/opt/wheels"})
+    assert "PIP_FIND_LINKS" not in settings.env
+
+
+def test_build_files_hold_the_settings_for_the_mount(tmp_path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nabc\n")
+    settings = PipSettings(
+        env={"PIP_INDEX_URL": "https://user:pw@mirror/simple", "PIP_DEFAULT_TIMEOUT": "180",
+             "HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "localhost,.corp"},
+        ca_bundle=bundle,
+    )
+    files = build_files(settings)
+    assert files["pip.conf"].decode() == (
+        "[global]\ndefault-timeout = 180\nindex-url = https://user:pw@mirror/simple\ncert = /run/tflab-build/ca.pem\n")
+    assert files["proxy.env"].decode() == "HTTPS_PROXY=http://proxy:3128\nNO_PROXY=localhost,.corp\n"
+    assert files["ca.pem"] == bundle.read_bytes()

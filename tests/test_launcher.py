@@ -1,62 +1,212 @@
-"""The run's order and its process handling, without an engine."""
+"""The run's process I/O with fake executors: every exit processed, readers that always report."""
 
 from __future__ import annotations
 
-import subprocess
+import threading
 import time
+from pathlib import Path
 
+import pytest
+
+from tflab import guard
 from tflab.config import Task
-from tflab.launcher import NodeRun, start_order, stop_script, succeeded, wrapped
+from tflab.launcher import Launcher, RunSetup
 from tflab.model import Topology, plan
+from tflab.runstate import RunPlan
+from tflab.tasks import run_plan, servers_for_exec, start_order
 
 
-def names(nodes) -> list[str]:
-    return [n.name for n in nodes]
+class FakeProcess:
+    """A node process that, once released, prints its lines and exits; closing its input stops it."""
+
+    def __init__(self, lines: list[str], code: int | None, delay: float, held: bool, on_output, on_exit,
+                 hang: bool = False, output_error: bool = False) -> None:
+        self.released = threading.Event()
+        self.closed = threading.Event()
+        self.ended = threading.Event()
+        if not held:
+            self.released.set()
+        self.args = (lines, code, delay, on_output, on_exit, hang)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        lines, code, delay, on_output, on_exit, hang = self.args
+        try:
+            while not self.released.wait(0.01):
+                if self.closed.is_set():
+                    code = 143
+                    return
+            for line in lines:
+                on_output(f"{line}\n".encode(), False)
+            if self.closed.wait(delay if not hang else 3600):
+                code = 143
+        finally:
+            self.ended.set()
+            on_exit(code, None)
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.ended.wait(timeout)
 
 
-def test_parameter_servers_first_then_workers() -> None:
-    lab = plan(Topology(nodes=4), [])
-    servers, finishers = start_order(lab, Task("train", "x"))
-    assert names(servers) == ["ps0"] and names(finishers) == ["worker0", "worker1", "worker2"]
+class FakeExecutor:
+    """Scripts per node: (lines, exit code, seconds before exiting, hangs)."""
+
+    def __init__(self, scripts: dict[str, tuple[list[str], int | None, float, bool]],
+                 serving: bool = True, broken_start: set[str] | None = None) -> None:
+        self.scripts = scripts
+        self.serving = serving
+        self.broken_start = broken_start or set()
+        self.processes: dict[str, FakeProcess] = {}
+        self.commands: list[tuple[str, list[str]]] = []
+        self.lock = threading.Lock()
+
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
+        if node in self.broken_start:
+            from tflab.errors import EngineError
+
+            raise EngineError(f"starting a process in {node} failed: no such container")
+        lines, code, delay, hang = self.scripts[node]
+        with self.lock:
+            self.commands.append((node, list(argv)))
+        process = FakeProcess(lines, code, delay, "--held" in argv, on_output, on_exit, hang)
+        self.processes[node] = process
+        return process
+
+    def run(self, node, argv, env=None, workdir="/"):
+        with self.lock:
+            self.commands.append((node, list(argv)))
+        if "probe" in argv:
+            return (0, "") if self.serving else (4, "")
+        if "stop" in argv and node in self.processes:
+            self.processes[node].close()
+        return 0, ""
+
+    def spawn(self, node, argv, env=None, workdir="/"):
+        raise AssertionError("a run spawns nothing")
 
 
-def test_ps_strategy_serves_ps_and_workers_and_finishes_with_the_chief() -> None:
-    lab = plan(Topology(nodes=3, chief=True, evaluator=True), [])
-    servers, finishers = start_order(lab, Task("pss", "x", ("ps", "worker")))
-    assert names(servers) == ["ps0", "worker0", "worker1", "evaluator"]
-    assert names(finishers) == ["chief"]
+class Lines:
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.events: list[str] = []
+        self.fail_after = fail_after
+
+    def line(self, node: str, text: str) -> None:
+        if self.fail_after is not None and len(self.lines) >= self.fail_after:
+            raise BrokenPipeError("stdout closed")
+        self.lines.append((node, text))
+
+    def event(self, message: str) -> None:
+        self.events.append(message)
 
 
-def test_all_reduce_lab_has_no_servers() -> None:
-    servers, finishers = start_order(plan(Topology(nodes=3, ps=0), []), Task("a", "x"))
-    assert servers == [] and names(finishers) == ["worker0", "worker1", "worker2"]
+LAB = plan(Topology(nodes=4), [])
+TRAIN = Task("train", "python t.py")
 
 
-def test_stop_script_ends_a_whole_group_that_ignores_sigterm(tmp_path) -> None:
-    # The same shell lines tflab runs in a node, here on the host's sh (dash on Debian).
-    pid_dir = tmp_path / "pids"
-    argv = wrapped("r1", "ps0", ["sh", "-c", "trap '' TERM; sleep 300 & trap '' TERM; wait"])
-    argv[2] = argv[2].replace("/run/tflab", str(pid_dir))
-    child = subprocess.Popen(argv, start_new_session=True)
-    for _ in range(50):
-        if (pid_dir / "r1-ps0.pid").exists():
-            break
-        time.sleep(0.1)
-    stop = stop_script("r1", "ps0", 0.5)
-    stop[2] = stop[2].replace("/run/tflab", str(pid_dir))
+def launch(tmp_path: Path, scripts, plan_: RunPlan | None = None, sink: Lines | None = None, **kw):
+    executor = FakeExecutor(scripts, **kw)
+    setup = RunSetup("train", {n: f"python t.py --node {n}" for n in LAB.names}, {"TFLAB_TASK": "train"},
+                     tmp_path / "logs", stop_grace_s=0.2)
+    launcher = Launcher(executor, plan_ or run_plan(LAB, TRAIN, grace_s=1.0), setup, sink or Lines())
+    return launcher, executor
+
+
+def ok_scripts(delay: float = 0.05) -> dict:
+    return {
+        "ps0": (["serving"], 143, 3600, True),
+        "worker0": (["step 1", "worker0: test accuracy 0.97"], 0, delay, False),
+        "worker1": (["step 1"], 0, delay, False),
+        "worker2": (["step 1"], 0, delay, False),
+    }
+
+
+def test_start_order_and_exec_servers() -> None:
+    servers, sidecars, finishers = start_order(plan(Topology(nodes=3, chief=True, evaluator=True), []),
+                                               Task("pss", "x", ("ps", "worker")))
+    assert [n.name for n in servers] == ["ps0", "worker0", "worker1"]
+    assert [n.name for n in sidecars] == ["evaluator"] and [n.name for n in finishers] == ["chief"]
+    assert [n.name for n in servers_for_exec(LAB, TRAIN, "worker1")] == ["ps0"]
+    assert servers_for_exec(LAB, TRAIN, "ps0") == []
+
+
+def test_workers_ending_together_always_succeed(tmp_path: Path) -> None:
+    for _ in range(25):
+        launcher, executor = launch(tmp_path, ok_scripts(delay=0.0))
+        result = launcher.execute()
+        assert result.finish.exit_code == 0, result.finish
+        assert {n: s.verdict for n, s in result.machine.nodes.items()} == {
+            "ps0": "served", "worker0": "ok", "worker1": "ok", "worker2": "ok"}
+        assert result.result_line == "worker0: test accuracy 0.97"
+
+
+def test_workers_start_held_with_preload_and_the_sweeps_clear_the_task(tmp_path: Path) -> None:
+    launcher, executor = launch(tmp_path, ok_scripts())
+    launcher.execute()
+    starts = {node: argv for node, argv in executor.commands if "run" in argv and "--shell" in argv}
+    assert "--held" in starts["worker1"] and "--preload" in starts["worker1"]
+    assert "--held" not in starts["ps0"]
+    assert starts["worker1"][-1] == "python t.py --node worker1"
+    sweeps = [node for node, argv in executor.commands if "stop" in argv and guard.run_key("train", "*") in argv]
+    assert sorted(sweeps) == sorted(LAB.names * 2)  # before and after
+    assert (tmp_path / "logs" / "worker0.log").read_text() == "step 1\nworker0: test accuracy 0.97\n"
+
+
+def test_a_broken_output_never_hangs_the_run(tmp_path: Path) -> None:
+    sink = Lines(fail_after=1)
+    launcher, _ = launch(tmp_path, ok_scripts(), sink=sink)
     started = time.monotonic()
-    subprocess.run(stop, check=True, timeout=20)
-    assert child.wait(timeout=10) == -9
-    assert time.monotonic() - started < 5
-    assert not (pid_dir / "r1-ps0.pid").exists()
+    result = launcher.execute()
+    assert time.monotonic() - started < 20
+    assert result.finish == result.machine.finish
+    assert (result.finish.exit_code, result.finish.problem) == (130, "the output failed (BrokenPipeError: stdout closed)")
 
 
-def test_success_needs_every_finisher_ok() -> None:
-    lab = plan(Topology(nodes=3), [])
-    ps, w0, w1 = lab.nodes
-    runs = [NodeRun(ps, "server", [], verdict="served"), NodeRun(w0, "finisher", [], verdict="ok"),
-            NodeRun(w1, "finisher", [], verdict="ok")]
-    assert succeeded(runs)
-    runs[2].verdict = "hung"
-    assert not succeeded(runs)
-    assert not succeeded([runs[0]])
+def test_a_process_that_cannot_start_fails_the_run_naming_it(tmp_path: Path) -> None:
+    launcher, _ = launch(tmp_path, ok_scripts(), broken_start={"worker2"})
+    result = launcher.execute()
+    assert result.finish.exit_code == 1
+    assert result.finish.problem == ("worker2 failed: ended with no exit code: starting a process in worker2 "
+                                     "failed: no such container")
+
+
+def test_an_interrupt_stops_every_process(tmp_path: Path) -> None:
+    scripts = ok_scripts(delay=3600)
+    launcher, executor = launch(tmp_path, scripts)
+    threading.Timer(0.5, launcher.interrupt, args=("interrupted (Ctrl-C)",)).start()
+    result = launcher.execute()
+    assert result.finish.exit_code == 130
+    assert all(p.ended.is_set() for p in executor.processes.values())
+
+
+def test_a_hung_worker_is_stopped_after_the_grace(tmp_path: Path) -> None:
+    scripts = ok_scripts()
+    scripts["worker2"] = (["step 1"], 0, 3600, True)
+    launcher, executor = launch(tmp_path, scripts)
+    started = time.monotonic()
+    result = launcher.execute()
+    assert 1.0 <= time.monotonic() - started < 15
+    assert result.finish.verdict == "hung" and result.machine.nodes["worker2"].verdict == "hung"
+    assert executor.processes["worker2"].ended.is_set()
+
+
+def test_servers_that_never_serve_fail_the_run(tmp_path: Path) -> None:
+    plan_ = RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0",
+                    ready_timeout_s=0.5)
+    launcher, executor = launch(tmp_path, ok_scripts(), plan_=plan_, serving=False)
+    result = launcher.execute()
+    assert result.finish.problem == "ps0 did not serve on port 2222 within 0.5s"
+    assert all(p.ended.is_set() for p in executor.processes.values())
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_guard_commands_carry_the_key_and_the_command_line(preload: bool) -> None:
+    argv = guard.run("run.train.worker1", "python a.py --x=1", held=True, preload=preload)
+    assert argv[:4] == ["python3", "/usr/local/share/tflab/guard.py", "run", "run.train.worker1"]
+    assert ("--preload" in argv) is preload and argv[-2:] == ["--shell", "python a.py --x=1"]

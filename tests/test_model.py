@@ -130,15 +130,24 @@ def test_any_accepted_topology_is_consistent(
         nodes=nodes, ps=ps, chief=chief, evaluator=evaluator, gpus_per_node=per_node,
         share_gpus=share, ssh_port_base=ssh_base, tensorboard_port_base=ssh_base - 500,
     )
-    try:
-        lab = plan(topology, [Gpu(i) for i in range(host_gpus)])
-    except UserError:
+    # An oracle written apart from the model: is this topology one tflab must accept?
+    ps_count = ps if ps is not None else (1 if nodes >= 2 else 0)
+    total = nodes + chief + evaluator
+    ports_fit = ssh_base + total - 1 <= 65535 and ssh_base - 500 >= 1 and total <= 500
+    gpus_fit = per_node == 0 or (host_gpus > 0 and per_node <= host_gpus and (share or total * per_node <= host_gpus))
+    acceptable = ps_count < nodes and ports_fit and gpus_fit
+    host = [Gpu(i) for i in range(host_gpus)]
+    if not acceptable:
+        with pytest.raises(UserError):
+            plan(topology, host)
         return
+    lab = plan(topology, host)
     # Disjoint GPU blocks unless sharing was asked for.
     owned = [g for n in lab.nodes for g in n.gpus]
     if not share:
         assert len(owned) == len(set(owned))
     assert all(len(n.gpus) == per_node for n in lab.nodes)
+    assert len(lab.nodes) == total and sum(n.job == "ps" for n in lab.nodes) == ps_count
     # Unique ports, all valid.
     used = [n.ssh_port for n in lab.nodes] + [n.tensorboard_port for n in lab.nodes]
     assert len(used) == len(set(used)) and all(0 < p <= 65535 for p in used)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import yaml
 from tflab import config as cfg
 from tflab import labfiles, render
 from tflab.gpus import Gpu
+from tflab.links import Links
 from tflab.model import Topology
 
 
 def write(tmp_path: Path, **kw) -> labfiles.LabFiles:
     topology = kw.pop("topology", Topology(nodes=4, gpus_per_node=2))
+    kw.setdefault("memlock", -1)
     config = cfg.LabConfig(name="ref", topology=topology, gpus=tuple(Gpu(i) for i in range(8)), **kw)
     return labfiles.write_lab(config, tmp_path / "lab", force=False)
 
@@ -57,9 +60,28 @@ def test_cpu_lab_has_no_gpu_reservation_and_mounted_data_is_read_only(tmp_path: 
 def test_dockerfile_names_its_base_and_bakes_no_key(tmp_path: Path) -> None:
     lf = write(tmp_path, base_image=cfg.LOCAL_BASE)
     dockerfile = (lf.image_dir / "Dockerfile").read_text()
-    assert [line for line in dockerfile.splitlines() if line.startswith("FROM")] == ["FROM tflab-base:cpu"]
+    assert [line for line in dockerfile.splitlines() if line.startswith(("FROM", "ARG"))] == [
+        "ARG BASE_IMAGE=tflab-base:cpu", "FROM ${BASE_IMAGE}"]
     assert "id_ed25519" not in dockerfile and "/etc/tflab/keys" not in dockerfile
-    assert sorted(p.name for p in lf.image_dir.iterdir()) == ["Dockerfile", "entrypoint.sh", "sshd_config"]
+    assert sorted(p.name for p in lf.image_dir.iterdir()) == [
+        "Dockerfile", "entrypoint.sh", "guard.py", "shape.sh", "sshd_config"]
+    assert os.access(lf.image_dir / "guard.py", os.X_OK) and os.access(lf.image_dir / "shape.sh", os.X_OK)
+
+
+def test_shaped_links_get_net_admin_and_their_settings_and_nothing_else_does(tmp_path: Path) -> None:
+    plain = yaml.safe_load(write(tmp_path / "a").compose_path.read_text())
+    assert "cap_add" not in plain["services"]["worker0"]
+    assert not any(k.startswith("TFLAB_LINK") for k in plain["services"]["worker0"]["environment"])
+    shaped = yaml.safe_load(write(tmp_path / "b", links=Links(rate="100mbit", delay_ms=5.0)).compose_path.read_text())
+    worker0 = shaped["services"]["worker0"]
+    assert worker0["cap_add"] == ["NET_ADMIN"]
+    assert {k: v for k, v in worker0["environment"].items() if k.startswith("TFLAB_LINK")} == {
+        "TFLAB_LINK_RATE": "100mbit", "TFLAB_LINK_BURST": "125000", "TFLAB_LINK_DELAY_MS": "5"}
+
+
+def test_memlock_is_left_to_the_engine_unless_set(tmp_path: Path) -> None:
+    doc = yaml.safe_load(write(tmp_path, memlock=None).compose_path.read_text())
+    assert doc["services"]["ps0"]["ulimits"] == {"stack": 67108864}
 
 
 def test_image_tag_follows_the_build_context(tmp_path: Path) -> None:

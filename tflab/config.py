@@ -1,4 +1,4 @@
-"""tflab.yaml: the lab's single source of truth, read and written here."""
+"""tflab.yaml: the lab's single source of truth, read (strictly) and written here."""
 
 from __future__ import annotations
 
@@ -9,21 +9,40 @@ from typing import Any
 
 import yaml
 
+from tflab import links as link_rules
 from tflab.errors import UserError
 from tflab.gpus import Gpu
-from tflab.model import Topology
+from tflab.links import Links
+from tflab.model import GRPC_PORT, LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology
 
 LAB_FILE = "tflab.yaml"
 COMPOSE_FILE = "docker-compose.yml"
+STACK_FILE = "docker-stack.yml"
 IMAGE_DIR = "image"
 KEYS_DIR = "keys"
+CODE_DIR = "code"
+DATA_DIR = "data"
 DEFAULT_RUNS = "runs"
 PLACEHOLDERS = ("node", "job_name", "task_index", "ps_hosts", "worker_hosts", "num_gpus", "run_dir")
+ROLES = ("ps", "worker", "chief", "evaluator")
 DEFAULT_SERVERS = ("ps",)
+TARGETS = ("compose", "swarm")
+AUTO_BASE = "auto"
 OFFICIAL_BASE = "tensorflow/tensorflow:2.18.0"
 OFFICIAL_GPU_BASE = "tensorflow/tensorflow:2.18.0-gpu"
 LOCAL_BASE = "tflab-base:cpu"
 LOCAL_GPU_BASE = "tflab-base:gpu"
+TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def check_task_name(name: str, source: str = "task") -> str:
+    """A task name is a word: letters, digits, `_`, `.`, `-`, not starting with `.`."""
+    if not isinstance(name, str) or not TASK_NAME.match(name) or len(name) > 64:
+        raise UserError(
+            f"{source} name {name!r} is not a word: use letters, digits, _, . and - "
+            "(not starting with .), at most 64 characters"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -33,6 +52,16 @@ class Task:
     name: str
     command: str
     servers: tuple[str, ...] = DEFAULT_SERVERS
+    # Start the workers' Python and TensorFlow while the servers start (see guard.py).
+    preload: bool = True
+
+
+@dataclass(frozen=True)
+class SwarmSettings:
+    """Where a swarm lab's nodes run and where its image is pushed."""
+
+    place: dict[str, str] = field(default_factory=dict)  # node -> swarm node label tflab.host
+    registry: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,26 +71,30 @@ class LabConfig:
     name: str
     topology: Topology
     gpus: tuple[Gpu, ...] = ()
-    base_image: str = OFFICIAL_BASE
+    base_image: str = AUTO_BASE
     code: str | None = None
     data: str | None = None
     data_mode: str = "copy"  # copy | mount
     runs: str = DEFAULT_RUNS
     shm_size: str = "2g"
-    memlock: int = -1  # bytes of locked memory a node may use; -1 is unlimited (RDMA/NCCL want it)
+    memlock: int | None = None  # bytes of locked memory a node may use; -1 unlimited; None: the engine's
     tasks: dict[str, Task] = field(default_factory=dict)
+    target: str = "compose"  # compose | swarm
+    links: Links = Links()
+    swarm: SwarmSettings = SwarmSettings()
 
     def task(self, name: str) -> Task:
         """The task called `name`, or a UserError naming the tasks there are."""
+        check_task_name(name)
         if name not in self.tasks:
             known = ", ".join(sorted(self.tasks)) or "none"
             raise UserError(f"no task {name!r} in {LAB_FILE}; its tasks are: {known}")
         return self.tasks[name]
 
     @property
-    def uses_local_base(self) -> bool:
-        """Whether the base image is the one `tflab base` builds."""
-        return self.base_image in (LOCAL_BASE, LOCAL_GPU_BASE)
+    def has_gpus(self) -> bool:
+        """Whether the lab's nodes own GPUs."""
+        return self.topology.gpus_per_node > 0
 
 
 def fill_placeholders(command: str, values: dict[str, str]) -> str:
@@ -70,25 +103,112 @@ def fill_placeholders(command: str, values: dict[str, str]) -> str:
     return pattern.sub(lambda m: values[m.group(1)], command)
 
 
+# -- strict reading ----------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads one document strictly: unknown keys and wrongly typed values name their key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> UserError:
+        return UserError(f"{self.source}: {key} {message}")
+
+    def mapping(self, value: Any, key: str, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, not {_shown(value)}")
+        for name in value:
+            if not isinstance(name, str):
+                raise self.fail(key, f"has a key that is not a word: {name!r}")
+            if allowed is not None and name not in allowed:
+                hint = _closest(name, allowed)
+                raise self.fail(
+                    f"{key}.{name}" if key != "(top level)" else name,
+                    f"is not a key tflab knows{hint}; the keys here are: {', '.join(allowed)}",
+                )
+        return value
+
+    def integer(self, doc: dict, key: str, where: str, default: int | None,
+                minimum: int | None = None, maximum: int | None = None) -> int | None:
+        value = doc.get(key, default)
+        name = f"{where}.{key}" if where else key
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(name, f"must be a whole number, not {_shown(value)}")
+        if minimum is not None and value < minimum:
+            raise self.fail(name, f"must be at least {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(name, f"must be at most {maximum}, not {value}")
+        return value
+
+    def boolean(self, doc: dict, key: str, where: str, default: bool) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{where}.{key}" if where else key, f"must be true or false, not {_shown(value)}")
+        return value
+
+    def string(self, doc: dict, key: str, where: str, default: str | None,
+               choices: tuple[str, ...] | None = None) -> str | None:
+        value = doc.get(key, default)
+        name = f"{where}.{key}" if where else key
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(name, f"must be a text, not {_shown(value)}")
+        if choices is not None and value not in choices:
+            raise self.fail(name, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, (dict, list)) else f"a {type(value).__name__}"
+
+
+def _closest(name: str, allowed: tuple[str, ...]) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(name, allowed, n=1)
+    return f" (did you mean {match[0]}?)" if match else ""
+
+
+TOP_KEYS = ("name", "target", "topology", "gpus", "ports", "image", "links", "swarm", "code", "data",
+            "data_mode", "runs", "tasks")
+TOPOLOGY_KEYS = ("nodes", "ps", "chief", "evaluator", "gpus_per_node", "share_gpus")
+GPU_KEYS = ("index", "uuid", "name", "memory_mib")
+PORT_KEYS = ("ssh_base", "tensorboard_base", "bind")
+IMAGE_KEYS = ("base", "shm_size", "memlock")
+LINK_KEYS = ("rate", "delay_ms")
+SWARM_KEYS = ("place", "registry")
+TASK_KEYS = ("command", "servers", "preload")
+
+
 def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
-    """Tasks as tflab.yaml writes them: `name: command` or `name: {command:, servers:}`."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise UserError(f"{source}: `tasks` must map task names to commands")
+    """Tasks as tflab.yaml writes them: `name: command` or `name: {command:, servers:, preload:}`."""
+    read = _Reader(source)
     tasks: dict[str, Task] = {}
-    for name, spec in raw.items():
+    for name, spec in read.mapping(raw, "tasks").items():
+        check_task_name(name, f"{source}: task")
+        where = f"tasks.{name}"
         if isinstance(spec, str):
-            tasks[str(name)] = Task(str(name), spec)
-        elif isinstance(spec, dict) and isinstance(spec.get("command"), str):
-            servers = spec.get("servers", list(DEFAULT_SERVERS))
-            if not isinstance(servers, list) or not all(
-                s in ("ps", "worker", "chief", "evaluator") for s in servers
-            ):
-                raise UserError(f"{source}: task {name!r}: `servers` lists roles (ps, worker, ...)")
-            tasks[str(name)] = Task(str(name), spec["command"], tuple(servers))
-        else:
-            raise UserError(f"{source}: task {name!r} needs a command")
+            if not spec.strip():
+                raise read.fail(where, "needs a command")
+            tasks[name] = Task(name, spec)
+            continue
+        if not isinstance(spec, dict):
+            raise read.fail(where, f"needs a command (a text, or a mapping with `command`), not {_shown(spec)}")
+        spec = read.mapping(spec, where, TASK_KEYS)
+        command = read.string(spec, "command", where, None)
+        if command is None:
+            raise read.fail(where, "needs a command")
+        servers = spec.get("servers", list(DEFAULT_SERVERS))
+        if not isinstance(servers, list) or not all(isinstance(s, str) and s in ROLES for s in servers):
+            raise read.fail(f"{where}.servers", f"lists roles ({', '.join(ROLES)}), not {servers!r}")
+        preload = read.boolean(spec, "preload", where, True)
+        tasks[name] = Task(name, command, tuple(servers), preload)
     return tasks
 
 
@@ -96,10 +216,15 @@ def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
     """Tasks back into their tflab.yaml form (the short form when it says everything)."""
     out: dict[str, Any] = {}
     for name, task in tasks.items():
-        if task.servers == DEFAULT_SERVERS:
+        if task.servers == DEFAULT_SERVERS and task.preload:
             out[name] = task.command
         else:
-            out[name] = {"command": task.command, "servers": list(task.servers)}
+            spec: dict[str, Any] = {"command": task.command}
+            if task.servers != DEFAULT_SERVERS:
+                spec["servers"] = list(task.servers)
+            if not task.preload:
+                spec["preload"] = False
+            out[name] = spec
     return out
 
 
@@ -108,6 +233,7 @@ def to_yaml(config: LabConfig) -> str:
     t = config.topology
     doc: dict[str, Any] = {
         "name": config.name,
+        "target": config.target,
         "topology": {
             "nodes": t.nodes,
             "ps": t.ps_count,
@@ -126,12 +252,15 @@ def to_yaml(config: LabConfig) -> str:
             "bind": t.bind,
         },
         "image": {"base": config.base_image, "shm_size": config.shm_size, "memlock": config.memlock},
+        "links": {"rate": config.links.rate, "delay_ms": config.links.delay_ms},
         "code": config.code,
         "data": config.data,
         "data_mode": config.data_mode,
         "runs": config.runs,
         "tasks": dump_tasks(config.tasks),
     }
+    if config.target == "swarm":
+        doc["swarm"] = {"place": dict(config.swarm.place), "registry": config.swarm.registry}
     header = (
         "# tflab lab: edit it, then run `tflab up` again.\n"
         "# Task placeholders: " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + "\n"
@@ -139,57 +268,84 @@ def to_yaml(config: LabConfig) -> str:
     return header + yaml.safe_dump(doc, sort_keys=False, width=1000)
 
 
-def _section(doc: dict[str, Any], key: str, source: str) -> dict[str, Any]:
-    value = doc.get(key) or {}
-    if not isinstance(value, dict):
-        raise UserError(f"{source}: `{key}` must be a mapping")
-    return value
-
-
 def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
-    """Read tflab.yaml's text; a malformed file is a UserError naming what is wrong."""
+    """Read tflab.yaml's text; anything malformed is a UserError naming its key."""
     try:
-        doc = yaml.safe_load(text) or {}
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UserError(f"{source} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    read = _Reader(source)
+    if doc is None:
+        doc = {}
     if not isinstance(doc, dict):
-        raise UserError(f"{source} must be a mapping")
-    topo = _section(doc, "topology", source)
-    ports = _section(doc, "ports", source)
-    image = _section(doc, "image", source)
+        raise UserError(f"{source} must be a mapping of keys ({', '.join(TOP_KEYS)})")
+    doc = read.mapping(doc, "(top level)", TOP_KEYS)
+    topo = read.mapping(doc.get("topology"), "topology", TOPOLOGY_KEYS)
+    ports = read.mapping(doc.get("ports"), "ports", PORT_KEYS)
+    image = read.mapping(doc.get("image"), "image", IMAGE_KEYS)
+    link = read.mapping(doc.get("links"), "links", LINK_KEYS)
+    swarm = read.mapping(doc.get("swarm"), "swarm", SWARM_KEYS)
+
+    topology = Topology(
+        nodes=read.integer(topo, "nodes", "topology", 1, minimum=1, maximum=4096),
+        ps=read.integer(topo, "ps", "topology", None, minimum=0),
+        chief=read.boolean(topo, "chief", "topology", False),
+        evaluator=read.boolean(topo, "evaluator", "topology", False),
+        gpus_per_node=read.integer(topo, "gpus_per_node", "topology", 0, minimum=0),
+        share_gpus=read.boolean(topo, "share_gpus", "topology", False),
+        ssh_port_base=read.integer(ports, "ssh_base", "ports", SSH_PORT_BASE, minimum=1, maximum=65535),
+        tensorboard_port_base=read.integer(ports, "tensorboard_base", "ports", TENSORBOARD_PORT_BASE,
+                                           minimum=1, maximum=65535),
+        bind=read.string(ports, "bind", "ports", LOOPBACK),
+    )
+    gpus = doc.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise read.fail("gpus", f"must be a list, not {_shown(gpus)}")
+    parsed_gpus = []
+    for number, raw in enumerate(gpus):
+        where = f"gpus[{number}]"
+        entry = read.mapping(raw, where, GPU_KEYS)
+        index = read.integer(entry, "index", where, None, minimum=0)
+        if index is None:
+            raise read.fail(f"{where}.index", "is missing")
+        parsed_gpus.append(Gpu(
+            index=index,
+            uuid=read.string(entry, "uuid", where, None) or "",
+            name=read.string(entry, "name", where, None) or "",
+            memory_mib=read.integer(entry, "memory_mib", where, 0, minimum=0) or 0,
+        ))
+    rate = read.string(link, "rate", "links", None)
+    delay = link.get("delay_ms")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))):
+        raise read.fail("links.delay_ms", f"must be a number of milliseconds, not {_shown(delay)}")
     try:
-        topology = Topology(
-            nodes=int(topo.get("nodes", 1)),
-            ps=int(topo["ps"]) if topo.get("ps") is not None else None,
-            chief=bool(topo.get("chief", False)),
-            evaluator=bool(topo.get("evaluator", False)),
-            gpus_per_node=int(topo.get("gpus_per_node", 0)),
-            share_gpus=bool(topo.get("share_gpus", False)),
-            ssh_port_base=int(ports.get("ssh_base", 20022)),
-            tensorboard_port_base=int(ports.get("tensorboard_base", 26006)),
-            bind=str(ports.get("bind", "127.0.0.1")),
+        links = Links(
+            rate=link_rules.parse_rate(rate, "links.rate") if rate else None,
+            delay_ms=link_rules.parse_delay(delay, "links.delay_ms") if delay is not None else None,
         )
-        gpus = tuple(
-            Gpu(index=int(g["index"]), name=str(g.get("name", "")), memory_mib=int(g.get("memory_mib", 0)))
-            for g in doc.get("gpus") or []
-        )
-    except (TypeError, ValueError, KeyError) as exc:
-        raise UserError(f"{source}: a topology, port or GPU value is not a number ({exc})") from exc
-    data_mode = str(doc.get("data_mode", "copy"))
-    if data_mode not in ("copy", "mount"):
-        raise UserError(f"{source}: data_mode must be copy or mount, not {data_mode!r}")
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
+    place = read.mapping(swarm.get("place"), "swarm.place")
+    for node, host in place.items():
+        if not isinstance(host, str) or not host:
+            raise read.fail(f"swarm.place.{node}", f"must name a host, not {_shown(host)}")
+    for key in ("code", "data", "runs"):
+        read.string(doc, key, "", None)
     return LabConfig(
-        name=str(doc.get("name") or "lab"),
+        name=read.string(doc, "name", "", "lab") or "lab",
+        target=read.string(doc, "target", "", "compose", choices=TARGETS) or "compose",
         topology=topology,
-        gpus=gpus,
-        base_image=str(image.get("base", OFFICIAL_BASE)),
+        gpus=tuple(parsed_gpus),
+        base_image=read.string(image, "base", "image", AUTO_BASE) or AUTO_BASE,
         code=doc.get("code"),
         data=doc.get("data"),
-        data_mode=data_mode,
-        runs=str(doc.get("runs") or DEFAULT_RUNS),
-        shm_size=str(image.get("shm_size", "2g")),
-        memlock=int(image.get("memlock", -1)),
+        data_mode=read.string(doc, "data_mode", "", "copy", choices=("copy", "mount")) or "copy",
+        runs=doc.get("runs") or DEFAULT_RUNS,
+        shm_size=read.string(image, "shm_size", "image", "2g") or "2g",
+        memlock=read.integer(image, "memlock", "image", None, minimum=-1),
         tasks=parse_tasks(doc.get("tasks"), source),
+        links=links,
+        swarm=SwarmSettings(place=dict(place), registry=read.string(swarm, "registry", "swarm", None)),
     )
 
 
@@ -198,7 +354,11 @@ def load(lab_dir: Path) -> LabConfig:
     path = lab_dir / LAB_FILE
     if not path.is_file():
         raise UserError(f"no lab in {lab_dir} (no {LAB_FILE}); run `tflab gen` first or pass --lab DIR")
-    return from_yaml(path.read_text(), str(path))
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from exc
+    return from_yaml(text, str(path))
 
 
 def code_tasks(code_dir: Path) -> dict[str, Task]:
@@ -206,13 +366,23 @@ def code_tasks(code_dir: Path) -> dict[str, Task]:
     path = code_dir / LAB_FILE
     if not path.is_file():
         return {}
+    return tasks_from_text(path.read_text(), str(path))
+
+
+def tasks_from_text(text: str, source: str) -> dict[str, Task]:
+    """The `tasks` of a code folder's tflab.yaml text (its other keys are not a lab's)."""
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
-    return parse_tasks(doc.get("tasks") if isinstance(doc, dict) else None, str(path))
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    return parse_tasks(doc.get("tasks") if isinstance(doc, dict) else None, source)
 
 
 def with_tasks(config: LabConfig, tasks: dict[str, Task]) -> LabConfig:
     """`config` with `tasks` added (existing names win)."""
     return replace(config, tasks={**tasks, **config.tasks})
+
+
+def grpc_address(node: str) -> str:
+    """host:port of a node's TensorFlow server."""
+    return f"{node}:{GRPC_PORT}"

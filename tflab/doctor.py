@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import docker
 
-from tflab import engine, gpus, ports, proc
+from tflab import engine, gpus, nodes, ports, proc
 from tflab.errors import TflabError
 from tflab.model import SSH_PORT_BASE, TENSORBOARD_PORT_BASE
 
@@ -79,6 +79,28 @@ def _ports(bases: tuple[int, int], count: int) -> Check:
     return Check("Ports", "ok", f"{bases[0]}+ and {bases[1]}+ free for {count} nodes")
 
 
+def _links(client: docker.DockerClient | None) -> Check:
+    """Which qdiscs --link-rate (tbf) and --link-delay (netem) can use, tried in a throwaway container."""
+    if client is None:
+        return Check("Link shaping", "warn", "engine not reachable")
+    images = [t for i in client.images.list() for t in i.tags if t.startswith(("tflab-node:", "tflab-base:"))]
+    if not images:
+        return Check("Link shaping", "warn", "not probed yet: no tflab image to probe with", "tflab base (or tflab up)")
+    try:
+        found = nodes.probe_qdiscs(client, sorted(images)[0])
+    except TflabError as exc:
+        return Check("Link shaping", "warn", str(exc))
+    offered = [q for q, why in found.items() if why is None]
+    missing = {q: why for q, why in found.items() if why is not None}
+    detail = f"kernel qdiscs: {', '.join(offered) or 'none'}"
+    if not missing:
+        return Check("Link shaping", "ok", detail + " (--link-rate and --link-delay work)")
+    gaps = "; ".join(f"{q} missing ({why})" for q, why in missing.items())
+    needs = [flag for flag, q in (("--link-rate", "tbf"), ("--link-delay", "netem")) if q in missing]
+    return Check("Link shaping", "warn", f"{detail}; {gaps}: {' and '.join(needs) or 'nothing'} unavailable",
+                 " ".join(f"modprobe sch_{q}" for q in missing))
+
+
 def _tool(name: str, why: str, package: str) -> Check:
     if shutil.which(name):
         return Check(name, "ok", why)
@@ -96,6 +118,7 @@ def run_checks() -> list[Check]:
         _runtime(client, gpu_check.status == "ok"),
         _disk(client),
         _ports((SSH_PORT_BASE, TENSORBOARD_PORT_BASE), 4),
+        _links(client),
         _tool("debootstrap", "builds the local base where no registry is reachable", "debootstrap"),
         _tool("ssh", "`tflab ssh`", "openssh-client"),
     ]

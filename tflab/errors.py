@@ -21,6 +21,12 @@ class EngineError(TflabError):
     exit_code = 3
 
 
+class Interrupted(TflabError):
+    """The user stopped tflab (Ctrl-C, SIGTERM, SIGHUP) while it waited."""
+
+    exit_code = 130
+
+
 class CommandError(TflabError):
     """An external command exited non-zero."""
 

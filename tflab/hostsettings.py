@@ -1,9 +1,16 @@
-"""What a build on this host inherits from it: the package mirror, pip settings, CA bundle, proxies."""
+"""What a build on this host inherits from it: the package mirror, pip settings, CA bundle, proxies.
+
+None of it may end up in an image: index URLs and proxies can carry credentials, and both
+a container's command line and its environment are kept in the image it is committed to
+(`docker history`, `docker inspect`). So the settings reach the build as files in a
+read-only mount (`build_files`), which the image keeps no trace of.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +21,11 @@ from tflab.proc import Runner
 APT_SOURCES = [Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d")]
 CA_CANDIDATES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-# pip settings that mean the same inside a container (find-links is a host path: left out).
-PIP_KEYS = ("index-url", "extra-index-url", "trusted-host", "default-timeout", "retries")
+# pip settings that mean the same inside a container (find-links only when it is a URL: a
+# host path means nothing there).
+PIP_KEYS = ("index-url", "extra-index-url", "trusted-host", "default-timeout", "timeout", "retries",
+            "find-links", "proxy")
+BUILD_MOUNT = "/run/tflab-build"
 
 
 @dataclass(frozen=True)
@@ -86,12 +96,19 @@ class PipSettings:
     ca_bundle: Path | None = None
 
 
+def _usable(key: str, value: str) -> bool:
+    """find-links pointing at host paths is left out; every other known setting is kept."""
+    if key != "find-links":
+        return True
+    return all(re.match(r"^[a-z][a-z0-9+.-]*://", v) for v in value.split())
+
+
 def parse_pip_config(text: str) -> dict[str, str]:
     """`pip config list` lines (`global.index-url='…'`) as PIP_* variables."""
     env: dict[str, str] = {}
     for line in text.splitlines():
         match = re.match(r"^(?:global|install|:env:)\.([a-z-]+)='(.*)'$", line.strip())
-        if match and match.group(1) in PIP_KEYS:
+        if match and match.group(1) in PIP_KEYS and _usable(match.group(1), match.group(2)):
             env["PIP_" + match.group(1).upper().replace("-", "_")] = match.group(2)
     return env
 
@@ -109,7 +126,10 @@ def pip_settings(
     for key in PIP_KEYS:
         name = "PIP_" + key.upper().replace("-", "_")
         if environ.get(name):
-            env[name] = environ[name]
+            if _usable(key, environ[name]):
+                env[name] = environ[name]
+            else:
+                env.pop(name, None)
     for name in PROXY_VARS:
         if environ.get(name):
             env[name] = environ[name]
@@ -122,3 +142,33 @@ def pip_settings(
     if ca_bundle and not os.path.isfile(ca_bundle):
         raise UserError(f"--ca-bundle {ca_bundle}: no such file")
     return PipSettings(env=env, ca_bundle=Path(bundle) if bundle and os.path.isfile(bundle) else None)
+
+
+def pip_conf(settings: PipSettings, ca_path: str | None) -> str:
+    """pip's configuration file for a build: the PIP_* settings, and the CA bundle's path there."""
+    lines = ["[global]"]
+    for name, value in sorted(settings.env.items()):
+        if name.startswith("PIP_"):
+            key = name[4:].lower().replace("_", "-")
+            lines.append(f"{key} = {' '.join(value.split())}")
+    if ca_path:
+        lines.append(f"cert = {ca_path}")
+    return "\n".join(lines) + "\n"
+
+
+def proxy_env(settings: PipSettings) -> str:
+    """The proxy variables as shell assignments, for `set -a; . FILE` in the build."""
+    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(settings.env.items())
+                   if name in PROXY_VARS)
+
+
+def build_files(settings: PipSettings) -> dict[str, bytes]:
+    """The files a build mounts read-only at BUILD_MOUNT: pip.conf, proxy.env, ca.pem."""
+    ca_path = f"{BUILD_MOUNT}/ca.pem" if settings.ca_bundle is not None else None
+    files = {
+        "pip.conf": pip_conf(settings, ca_path).encode(),
+        "proxy.env": proxy_env(settings).encode(),
+    }
+    if settings.ca_bundle is not None:
+        files["ca.pem"] = settings.ca_bundle.read_bytes()
+    return files

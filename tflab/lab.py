@@ -1,4 +1,4 @@
-"""Lab life cycle on the engine: build, up, status, down."""
+"""Lab life cycle on one engine (compose): build, up, status, down."""
 
 from __future__ import annotations
 
@@ -12,34 +12,33 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from tflab import hostsettings, image, nodes, ports, proc
-from tflab.engine import Compose
+from tflab import base_image, hostsettings, links, node_image, nodes, ports, proc
+from tflab.builds import BuildResult, Progress, image_exists
+from tflab.engine import Compose, find_compose
 from tflab.errors import EngineError, UserError
-from tflab.image import BuildResult, Progress
+from tflab.executor import DockerExecutor, Executor, SshExecutor
 from tflab.labfiles import LabFiles
 
 STATE_FILE = ".tflab-state.json"
 READY_TIMEOUT_S = 120.0
 
 
-def ensure_image(
-    lf: LabFiles, client: docker.DockerClient, progress: Progress, force: bool = False,
-) -> BuildResult:
+def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, force: bool = False) -> BuildResult:
     """The lab's node image, built (with the local base first, when that is missing) if needed."""
-    base = lf.config.base_image
-    if lf.config.uses_local_base and not image.image_exists(client, base):
-        progress(f"the local base {base} is missing: building it (debootstrap + pip)")
-        image.build_base(
+    base = node_image.resolve_base(lf.config.base_image, lf.config.has_gpus, client)
+    if node_image.is_local_base(base) and not image_exists(client, base):
+        progress.step(f"the local base {base} is missing: building it once (debootstrap + pip)")
+        base_image.build_base(
             client,
             hostsettings.parse_apt_sources(hostsettings.read_apt_sources()),
             hostsettings.pip_settings(proc.run, os.environ),
             progress,
-            gpu=base == image.base_tag(True),
+            gpu=lf.config.has_gpus,
         )
-    elif not image.image_exists(client, base):
-        image.pull(client, base, progress)
+    elif not image_exists(client, base):
+        node_image.pull(client, base, progress)
     base_id = client.images.get(base).id
-    return image.build_node(client, lf.image_context(), lf.image_tag(base_id), progress, force=force)
+    return node_image.build_node(client, lf.image_context(), lf.image_tag(base_id), base, progress, force=force)
 
 
 def connect_host(bind: str) -> str:
@@ -48,15 +47,15 @@ def connect_host(bind: str) -> str:
 
 
 def _load_state(lf: LabFiles) -> dict:
-    path = lf.root / STATE_FILE
     try:
-        return json.loads(path.read_text())
+        state = json.loads((lf.root / STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
+    return state if isinstance(state, dict) else {}
 
 
 def _save_state(lf: LabFiles, state: dict) -> None:
-    (lf.root / STATE_FILE).write_text(json.dumps(state, indent=1))
+    (lf.root / STATE_FILE).write_text(json.dumps(state))
 
 
 @dataclass(frozen=True)
@@ -81,33 +80,43 @@ def syncs(lf: LabFiles) -> list[Sync]:
     return out
 
 
-def copy_changed(
-    lf: LabFiles, client: docker.DockerClient, containers: dict, progress: Progress,
-) -> list[str]:
-    """Copy code and data into every node whose copy is stale; what was copied, as `kind→node`."""
+def copy_changed(lf: LabFiles, client: docker.DockerClient, containers: dict, progress: Progress) -> list[str]:
+    """Copy into every node the files of code and data that changed since its last copy.
+
+    Each node's copy is remembered by file (size and mtime); only new and changed files
+    travel (one tar stream per node, all nodes at once) and files gone from the host are
+    removed. Nothing is cleared first. What was copied, as `kind→node`.
+    """
     state = _load_state(lf)
     copied: list[str] = []
     for sync in syncs(lf):
-        stamp = nodes.fingerprint(sync.source, exclude=lf.root)
-        stale = [
-            name for name, c in containers.items()
-            if state.get(c.id, {}).get(sync.kind) != stamp
-        ]
-        if not stale:
+        manifest = nodes.manifest(sync.source, exclude=lf.root)
+        work: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
+        for name, container in containers.items():
+            old = state.get(container.id, {}).get(sync.kind)
+            old = old if isinstance(old, dict) else {}
+            if old == manifest:
+                continue
+            changed = tuple(p for p, stamp in manifest.items() if old.get(p) != stamp)
+            removed = tuple(p for p in old if p not in manifest)
+            work.setdefault((changed, removed), []).append(name)
+        if not work:
             continue
-        progress(f"copying {sync.kind} ({sync.source}) into {len(stale)} node(s)")
-        archive = nodes.pack(sync.source, exclude=lf.root)
-        try:
-            with ThreadPoolExecutor(max_workers=min(8, len(stale))) as pool:
-                list(pool.map(
-                    lambda name: nodes.copy_into(client, containers[name], archive, sync.target),
-                    stale,
-                ))
-        finally:
-            archive.unlink(missing_ok=True)
-        for name in stale:
-            state.setdefault(containers[name].id, {})[sync.kind] = stamp
-            copied.append(f"{sync.kind}→{name}")
+        count = sum(len(names) for names in work.values())
+        progress.step(f"copying {sync.kind} ({sync.source}) into {count} node(s)")
+        for (changed, removed), names in work.items():
+            archive = nodes.pack(sync.source, list(changed))
+            try:
+                with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+                    list(pool.map(
+                        lambda name: nodes.copy_into(client, containers[name], archive, sync.target, removed),
+                        names,
+                    ))
+            finally:
+                archive.unlink(missing_ok=True)
+            for name in names:
+                state.setdefault(containers[name].id, {})[sync.kind] = manifest
+                copied.append(f"{sync.kind}→{name}")
     live = {c.id for c in containers.values()}
     _save_state(lf, {cid: v for cid, v in state.items() if cid in live})
     return copied
@@ -124,37 +133,52 @@ def check_ports_for_absent(lf: LabFiles, containers: dict) -> None:
     ports.require_free(lf.lab.topology.bind, wanted)
 
 
+def check_links(lf: LabFiles, client: docker.DockerClient, image: str) -> None:
+    """A lab with shaped links needs the kernel's qdiscs: try the node's own shaping in a throwaway container."""
+    if not lf.config.links:
+        return
+    error = nodes.probe_links(client, image, links.environment(lf.config.links), lf.project)
+    if error is not None:
+        qdisc = "netem" if "netem" in error else "tbf"
+        raise UserError(links.missing_qdisc_advice(qdisc, error))
+
+
 def up(lf: LabFiles, client: docker.DockerClient, compose: Compose, progress: Progress) -> list[str]:
     """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied."""
     built = ensure_image(lf, client, progress)
     lf.write_compose(built.tag)
     lf.runs_dir.mkdir(parents=True, exist_ok=True)
-    check_ports_for_absent(lf, nodes.lab_containers(client, lf.project))
-    progress(f"starting {len(lf.lab.nodes)} nodes")
+    existing = nodes.lab_containers(client, lf.project)
+    check_ports_for_absent(lf, existing)
+    if any(c.status != "running" for c in existing.values()) or len(existing) < len(lf.lab.nodes):
+        check_links(lf, client, built.tag)
+    progress.step(f"starting {len(lf.lab.nodes)} nodes")
     compose("up", "-d", "--remove-orphans", "--quiet-pull")
-    wait_ready(lf, client, progress)
     containers = nodes.lab_containers(client, lf.project)
+    wait_ready(lf, containers, progress)
     return copy_changed(lf, client, containers, progress)
 
 
-def wait_ready(lf: LabFiles, client: docker.DockerClient, progress: Progress) -> None:
-    """Wait until every node's sshd answers on its published port (no fixed sleeps)."""
+def wait_ready(lf: LabFiles, containers: dict, progress: Progress) -> None:
+    """Wait until every node's sshd answers on its published port, all nodes at once."""
     host = connect_host(lf.lab.topology.bind)
     deadline = time.monotonic() + READY_TIMEOUT_S
-    for node in lf.lab.nodes:
-        progress(f"waiting for {node.name}'s sshd on {host}:{node.ssh_port}")
-        if not nodes.wait_for_ssh(host, node.ssh_port, deadline):
-            container = nodes.lab_containers(client, lf.project).get(node.name)
-            tail = ""
-            if container is not None:
-                logs = container.logs(tail=3).decode(errors="replace").strip()
-                tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
-            raise EngineError(
-                f"{node.name} did not answer SSH on {host}:{node.ssh_port} within "
-                f"{READY_TIMEOUT_S:.0f}s{tail}; see `tflab logs {node.name}`"
-            )
-    # The engine's healthcheck (the same TCP check, every 3 s) catches up a moment later;
-    # waiting for it would only add its interval to every `up`.
+    progress.step(f"waiting for {len(lf.lab.nodes)} sshd(s) on {host}")
+    with ThreadPoolExecutor(max_workers=min(32, len(lf.lab.nodes))) as pool:
+        ready = dict(zip(lf.lab.nodes, pool.map(
+            lambda node: nodes.wait_for_ssh(host, node.ssh_port, deadline), lf.lab.nodes)))
+    late = [node for node, ok in ready.items() if not ok]
+    if late:
+        node = late[0]
+        container = containers.get(node.name)
+        tail = ""
+        if container is not None:
+            logs = container.logs(tail=3).decode(errors="replace").strip()
+            tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
+        raise EngineError(
+            f"{node.name} did not answer SSH on {host}:{node.ssh_port} within "
+            f"{READY_TIMEOUT_S:.0f}s{tail}; see `tflab logs {node.name}`"
+        )
 
 
 def status(lf: LabFiles, client: docker.DockerClient) -> dict[str, tuple[str, str]]:
@@ -164,15 +188,71 @@ def status(lf: LabFiles, client: docker.DockerClient) -> dict[str, tuple[str, st
 
 def down(project: str, client: docker.DockerClient) -> tuple[int, int]:
     """Remove every container and network labelled with the lab's project; (containers, networks)."""
-    containers = client.containers.list(all=True, filters={"label": f"tflab.lab={project}"})
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda c: c.remove(force=True, v=True), containers))
-    networks = client.networks.list(filters={"label": f"tflab.lab={project}"})
-    for network in networks:
-        try:
-            network.remove()
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            raise EngineError(f"cannot remove network {network.name}: {exc.explanation or exc}") from exc
+    label = {"label": f"tflab.lab={project}"}
+    try:
+        containers = client.containers.list(all=True, filters=label)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda c: _remove(c), containers))
+        networks = client.networks.list(filters=label)
+        for network in networks:
+            try:
+                network.remove()
+            except docker.errors.NotFound:
+                pass
+    except docker.errors.APIError as exc:
+        raise EngineError(f"removing the lab {project} failed: {exc.explanation or exc}; "
+                          "run `tflab down` again, or `docker rm -f` what `tflab status` lists") from exc
     return len(containers), len(networks)
+
+
+def _remove(container) -> None:
+    try:
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+
+
+class ComposeLab:
+    """A lab on this host's engine, driven through compose: what every command needs of it."""
+
+    def __init__(self, lf: LabFiles, client: docker.DockerClient, compose: Compose | None = None) -> None:
+        self.lf = lf
+        self.client = client
+        self.compose = compose or Compose(lf.compose_path, lf.project)
+
+    def up(self, progress: Progress) -> list[str]:
+        return up(self.lf, self.client, self.compose, progress)
+
+    def down(self) -> tuple[int, int]:
+        return down(self.lf.project, self.client)
+
+    def status(self) -> dict[str, tuple[str, str]]:
+        return status(self.lf, self.client)
+
+    def require_running(self, names: list[str]) -> dict:
+        """The running containers of `names`, or a UserError naming the first that is not."""
+        found = nodes.lab_containers(self.client, self.lf.project)
+        for name in names:
+            container = found.get(name)
+            if container is None:
+                raise UserError(f"node {name} is not up; run `tflab up` first")
+            if container.status != "running":
+                raise UserError(f"node {name} is {container.status}, not running; `tflab up` starts it again")
+        return {name: found[name] for name in names}
+
+    def ssh_targets(self) -> dict[str, tuple[str, int]]:
+        """Where each node's SSH is published (host, port)."""
+        host = connect_host(self.lf.lab.topology.bind)
+        return {n.name: (host, n.ssh_port) for n in self.lf.lab.nodes}
+
+    def executor(self, names: list[str], via: str = "docker") -> Executor:
+        """How to reach these nodes (all must be running)."""
+        containers = self.require_running(names)
+        if via == "ssh":
+            targets = self.ssh_targets()
+            return SshExecutor({name: targets[name] for name in names}, str(self.lf.private_key))
+        return DockerExecutor(self.client, containers)
+
+    def logs_argv(self, node: str | None, follow: bool, tail: str) -> list[str]:
+        args = ["logs", "--tail", tail] + (["--follow"] if follow else []) + ([node] if node else [])
+        return [*find_compose(), "-f", str(self.lf.compose_path), "-p", self.lf.project, *args]

@@ -13,6 +13,8 @@ from tflab.config import LabConfig
 from tflab.errors import UserError
 from tflab.model import Lab, plan
 
+STATE_DIR = ".tflab"  # tflab's own bookkeeping in a lab: copy stamps, locks, detached runs
+
 
 @dataclass(frozen=True)
 class LabFiles:
@@ -24,13 +26,18 @@ class LabFiles:
 
     @property
     def project(self) -> str:
-        """The compose project name (and the `tflab.lab` label of everything it makes)."""
+        """The compose project (or stack) name, and the `tflab.lab` label of everything it makes."""
         return render.project_name(self.config.name, self.root)
 
     @property
     def compose_path(self) -> Path:
         """The compose file."""
         return self.root / cfg.COMPOSE_FILE
+
+    @property
+    def stack_path(self) -> Path:
+        """The stack file of a swarm lab."""
+        return self.root / cfg.STACK_FILE
 
     @property
     def image_dir(self) -> Path:
@@ -51,6 +58,13 @@ class LabFiles:
     def runs_dir(self) -> Path:
         """The host folder every node sees at /runs."""
         return self.resolve(self.config.runs)
+
+    @property
+    def state_dir(self) -> Path:
+        """tflab's bookkeeping in the lab (made on first use)."""
+        folder = self.root / STATE_DIR
+        folder.mkdir(exist_ok=True)
+        return folder
 
     def resolve(self, path: str) -> Path:
         """A path of tflab.yaml, relative to the lab folder."""
@@ -79,13 +93,17 @@ def open_lab(root: Path) -> LabFiles:
     """The lab in `root` (its tflab.yaml read and planned)."""
     root = root.resolve()
     config = cfg.load(root)
-    return LabFiles(root=root, config=config, lab=plan(config.topology, config.gpus))
+    try:
+        lab = plan(config.topology, config.gpus)
+    except UserError as exc:
+        raise UserError(f"{root / cfg.LAB_FILE}: {exc}") from None
+    return LabFiles(root=root, config=config, lab=lab)
 
 
-def check_paths(config: LabConfig, root: Path) -> None:
-    """Code and data folders exist and hold none of the lab's own files."""
+def check_paths(config: LabConfig, root: Path, scaffold: dict[str, dict[str, bytes]]) -> None:
+    """Code and data folders exist (or are about to be written) and hold none of the lab's own files."""
     for flag, path in (("--code", config.code), ("--data", config.data)):
-        if path is None:
+        if path is None or path in scaffold:
             continue
         folder = (root / path).resolve()
         if not folder.is_dir():
@@ -94,12 +112,19 @@ def check_paths(config: LabConfig, root: Path) -> None:
             raise UserError(f"{flag} {path} is the lab folder itself; point it at a folder of its own")
 
 
-def write_lab(config: LabConfig, root: Path, force: bool) -> LabFiles:
-    """Write a whole lab into `root`: everything is rendered before the first file is written."""
+def write_lab(config: LabConfig, root: Path, force: bool,
+              scaffold: dict[str, dict[str, bytes]] | None = None) -> LabFiles:
+    """Write a whole lab into `root`: everything is rendered before the first file is written.
+
+    `scaffold` holds folders to create in the lab (the bundled examples as `code`, their
+    data as `data`), by folder and relative path; a folder that exists already is the
+    user's and is left as it is.
+    """
     root = root.resolve()
+    scaffold = scaffold or {}
     if (root / cfg.LAB_FILE).exists() and not force:
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
-    check_paths(config, root)
+    check_paths(config, root, scaffold)
     lab = plan(config.topology, config.gpus)
     lab_yaml = cfg.to_yaml(config)
     context = render.image_context(config)
@@ -107,13 +132,22 @@ def write_lab(config: LabConfig, root: Path, force: bool) -> LabFiles:
     pair = keys.new_key_pair(f"tflab-{config.name}")
 
     root.mkdir(parents=True, exist_ok=True)
+    for folder, files in scaffold.items():
+        target = root / folder
+        if target.exists():
+            continue
+        for relative, content in files.items():
+            path = target / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
     image_dir = root / cfg.IMAGE_DIR
     if image_dir.exists():
         shutil.rmtree(image_dir)
     image_dir.mkdir()
     for name, content in context.items():
         (image_dir / name).write_bytes(content)
-    os.chmod(image_dir / "entrypoint.sh", 0o755)
+        if name.endswith((".sh", ".py")):
+            os.chmod(image_dir / name, 0o755)
     keys_dir = root / cfg.KEYS_DIR
     keys_dir.mkdir(exist_ok=True)
     private = keys_dir / keys.PRIVATE_KEY

@@ -1,4 +1,4 @@
-"""The lab's containers through the docker SDK: find them, run in them, copy into them."""
+"""The lab's containers through the docker SDK: find them, wait for them, copy into them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import docker
@@ -17,8 +17,8 @@ import docker.errors
 from docker.models.containers import Container
 
 from tflab.errors import EngineError, UserError
+from tflab.executor import exec_quiet
 
-Output = Callable[[bytes, bool], None]  # (chunk, is_stderr)
 SKIP_NAMES = {"__pycache__", ".git", ".pytest_cache", ".ipynb_checkpoints"}
 
 
@@ -47,47 +47,6 @@ def state_of(container: Container) -> tuple[str, str]:
     if status == "exited":
         status = f"exited ({state.get('ExitCode', '?')})"
     return status, health if status == "running" else "-"
-
-
-def exec_stream(
-    client: docker.DockerClient, container: Container, argv: Sequence[str], on_output: Output,
-    env: dict[str, str] | None = None, workdir: str = "/workspace",
-) -> int:
-    """Run `argv` in `container`, hand its output over as it comes, return its exit code."""
-    api = client.api
-    try:
-        exec_id = api.exec_create(
-            container.id, list(argv), environment=env or {}, workdir=workdir, stdout=True,
-            stderr=True, tty=False,
-        )["Id"]
-        for stdout, stderr in api.exec_start(exec_id, stream=True, demux=True):
-            if stdout:
-                on_output(stdout, False)
-            if stderr:
-                on_output(stderr, True)
-        code = api.exec_inspect(exec_id).get("ExitCode")
-    except docker.errors.APIError as exc:
-        raise EngineError(f"running a command in {container.name} failed: {exc.explanation or exc}") from exc
-    return 137 if code is None else int(code)
-
-
-def exec_quiet(
-    client: docker.DockerClient, container: Container, argv: Sequence[str],
-    env: dict[str, str] | None = None, workdir: str = "/",
-) -> tuple[int, str]:
-    """Run `argv` in `container`; its exit code and combined output."""
-    chunks: list[bytes] = []
-    code = exec_stream(client, container, argv, lambda b, _e: chunks.append(b), env, workdir)
-    return code, b"".join(chunks).decode(errors="replace")
-
-
-def exec_detached(client: docker.DockerClient, container: Container, argv: Sequence[str]) -> None:
-    """Start `argv` in `container` and leave it running there."""
-    try:
-        exec_id = client.api.exec_create(container.id, list(argv), workdir="/runs")["Id"]
-        client.api.exec_start(exec_id, detach=True)
-    except docker.errors.APIError as exc:
-        raise EngineError(f"starting {argv[0]} in {container.name} failed: {exc.explanation or exc}") from exc
 
 
 def wait_for_http(url: str, deadline: float) -> bool:
@@ -128,33 +87,95 @@ def _walk(folder: Path, exclude: Path | None) -> Iterable[Path]:
                 yield Path(root, name)
 
 
-def fingerprint(folder: Path, exclude: Path | None = None) -> str:
-    """What `up` compares to decide a copy is stale: every file's path, size and mtime."""
-    digest = hashlib.sha256()
+def manifest(folder: Path, exclude: Path | None = None) -> dict[str, list[int]]:
+    """What `up` compares to decide what to copy: every file's relative path, size and mtime."""
+    out: dict[str, list[int]] = {}
     for path in _walk(folder, exclude):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
+        try:
+            stat = path.stat()
+        except OSError:
+            continue  # a dangling link or a file gone meanwhile: nothing to copy
+        out[str(path.relative_to(folder))] = [stat.st_size, stat.st_mtime_ns]
+    return out
 
 
-def pack(folder: Path, exclude: Path | None = None) -> Path:
-    """`folder`'s files as a tar on disk (streamed to every node without holding it in memory)."""
+def pack(folder: Path, files: list[str]) -> Path:
+    """These files of `folder` as a tar on disk (streamed to every node without holding it in memory)."""
     handle = tempfile.NamedTemporaryFile(prefix="tflab-copy-", suffix=".tar", delete=False)
-    with tarfile.open(fileobj=handle, mode="w") as tar:
-        for path in _walk(folder, exclude):
-            tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
-    handle.close()
+    try:
+        # Links are followed: a node cannot see what a link on the host points to.
+        with tarfile.open(fileobj=handle, mode="w", dereference=True) as tar:
+            for relative in files:
+                path = folder / relative
+                try:
+                    tar.add(path, arcname=relative, recursive=False)
+                except OSError as exc:
+                    raise UserError(f"cannot read {path} to copy it into the nodes: {exc.strerror or exc}") from exc
+    finally:
+        handle.close()
     return Path(handle.name)
 
 
-def copy_into(client: docker.DockerClient, container: Container, archive: Path, target: str) -> None:
-    """Replace `target`'s contents in `container` with the files of `archive`."""
-    code, out = exec_quiet(
-        client, container,
-        ["sh", "-c", 'mkdir -p "$1" && find "$1" -mindepth 1 -delete', "sh", target],
-    )
-    if code != 0:
-        raise EngineError(f"cannot clear {target} in {container.name}: {out.strip()}")
+def copy_into(client: docker.DockerClient, container: Container, archive: Path, target: str,
+              removed: tuple[str, ...] = ()) -> None:
+    """Unpack `archive` into `target` of `container` (files replaced in place), and delete `removed`."""
     with archive.open("rb") as data:
-        if not client.api.put_archive(container.id, target, data):
-            raise EngineError(f"copying into {target} of {container.name} failed")
+        try:
+            ok = client.api.put_archive(container.id, target, data)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"copying into {target} of {container.name} failed: {exc.explanation or exc}") from exc
+    if not ok:
+        raise EngineError(f"copying into {target} of {container.name} failed")
+    for start in range(0, len(removed), 200):
+        chunk = [f"{target}/{p}" for p in removed[start:start + 200]]
+        code, out = exec_quiet(client, container, ["rm", "-f", "--", *chunk])
+        if code != 0:
+            raise EngineError(f"cannot remove old files from {target} in {container.name}: {out.strip()}")
+
+
+def probe_links(client: docker.DockerClient, image: str, env: dict[str, str], project: str) -> str | None:
+    """Run the node's link shaping in a throwaway container; None when it works, else what tc said."""
+    try:
+        client.containers.run(
+            image, entrypoint=["/usr/local/share/tflab/shape.sh"], environment=env, cap_add=["NET_ADMIN"],
+            remove=True, labels={"tflab.lab": project, "tflab.probe": "links"}, stdout=True, stderr=True,
+        )
+    except docker.errors.ContainerError as exc:
+        text = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or exc)
+        return text.strip() or str(exc)
+    except docker.errors.APIError as exc:
+        raise EngineError(f"cannot try the lab's link shaping: {exc.explanation or exc}") from exc
+    return None
+
+
+QDISC_PROBE = """
+for q in tbf htb netem; do
+  case $q in
+    tbf) args="rate 1mbit burst 32kbit latency 100ms" ;;
+    htb) args="default 1" ;;
+    netem) args="delay 1ms" ;;
+  esac
+  if out=$(tc qdisc add dev eth0 root $q $args 2>&1); then
+    echo "$q ok"; tc qdisc del dev eth0 root
+  else
+    echo "$q missing: $out" | head -n 1
+  fi
+done
+"""
+
+
+def probe_qdiscs(client: docker.DockerClient, image: str) -> dict[str, str | None]:
+    """Which queueing disciplines the host kernel offers containers: qdisc -> None, or why it is missing."""
+    try:
+        output = client.containers.run(image, ["sh", "-c", QDISC_PROBE], entrypoint=[], cap_add=["NET_ADMIN"],
+                                       remove=True, labels={"tflab.probe": "qdiscs"})
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"cannot probe the kernel's qdiscs: {exc}") from exc
+    found: dict[str, str | None] = {}
+    for line in output.decode(errors="replace").splitlines():
+        name, _, rest = line.partition(" ")
+        if rest == "ok":
+            found[name] = None
+        elif rest.startswith("missing: "):
+            found[name] = rest[len("missing: "):].strip() or "refused"
+    return found

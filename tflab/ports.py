@@ -23,9 +23,10 @@ def port_free(host: str, port: int) -> bool:
 
 
 def require_free(
-    host: str, wanted: Iterable[tuple[str, str, int]], check: PortCheck = port_free
+    host: str, wanted: Iterable[tuple[str, str, int]], check: PortCheck | None = None
 ) -> None:
     """Raise a UserError naming the first (node, what, port) whose port is taken."""
+    check = check or port_free
     for node, what, port in wanted:
         if not check(host, port):
             raise UserError(

@@ -1,27 +1,27 @@
-"""Every generated file comes from a Jinja2 template under templates/."""
+"""Every generated file comes from a Jinja2 template under templates/ (tflab's package data)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from tflab import config as cfg
+from tflab import links, resources
 from tflab.config import COMPOSE_FILE, LabConfig
 from tflab.model import Lab
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "templates"
-NODE_IMAGE_FILES = ROOT / "images" / "node"
 
-
+@lru_cache(maxsize=1)
 def jinja_env() -> jinja2.Environment:
     """The one Jinja2 environment: strict about missing values, trailing newlines kept."""
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        loader=jinja2.FileSystemLoader(str(resources.path(resources.TEMPLATES))),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -67,9 +67,9 @@ def _relative(path: str) -> str:
     return path if path.startswith(("/", "./", "../")) else f"./{path}"
 
 
-def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
-    """The compose file's text for `lab`."""
-    nodes = [
+def node_values(lab: Lab) -> list[dict[str, Any]]:
+    """What the templates need of each node."""
+    return [
         {
             "name": n.name,
             "job": n.job,
@@ -82,29 +82,42 @@ def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
         }
         for n in lab.nodes
     ]
+
+
+def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
+    """The compose file's text for `lab`."""
     return render(
         "docker-compose.yml.j2",
         project=project_name(config.name, lab_dir),
-        nodes=nodes,
+        nodes=node_values(lab),
         image=image,
         shm_size=config.shm_size,
         memlock=config.memlock,
         bind=lab.topology.bind,
         volumes=volumes(config),
+        link_env=links.environment(config.links),
         compose_file=COMPOSE_FILE,
     )
 
 
+def default_base(config: LabConfig) -> str:
+    """The Dockerfile's default base (tflab passes the resolved one as a build argument)."""
+    official = cfg.OFFICIAL_GPU_BASE if config.has_gpus else cfg.OFFICIAL_BASE
+    local = cfg.LOCAL_GPU_BASE if config.has_gpus else cfg.LOCAL_BASE
+    return {cfg.AUTO_BASE: official, "official": official, "local": local}.get(config.base_image, config.base_image)
+
+
 def dockerfile(config: LabConfig) -> str:
     """The node Dockerfile's text."""
-    return render("Dockerfile.j2", base_image=config.base_image)
+    return render("Dockerfile.j2", base_image=default_base(config))
 
 
 def image_context(config: LabConfig) -> dict[str, bytes]:
     """Every file of the node image's build context, by name."""
     files = {"Dockerfile": dockerfile(config).encode()}
-    for path in sorted(NODE_IMAGE_FILES.iterdir()):
-        files[path.name] = path.read_bytes()
+    for path in sorted(resources.path(resources.NODE_IMAGE).iterdir()):
+        if path.is_file():
+            files[path.name] = path.read_bytes()
     return files
 
 

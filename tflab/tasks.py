@@ -1,9 +1,11 @@
-"""A task of tflab.yaml made concrete for one node: its argv and environment."""
+"""A task of tflab.yaml made concrete for the lab: each node's command line, environment, roles."""
 
 from __future__ import annotations
 
 from tflab import config as cfg
-from tflab.labfiles import LabFiles
+from tflab.config import Task
+from tflab.model import Lab, Node
+from tflab.runstate import RunPlan
 
 
 def run_dir(task: str) -> str:
@@ -16,9 +18,9 @@ def task_env(task: str) -> dict[str, str]:
     return {"TFLAB_TASK": task, "TFLAB_RUN_DIR": run_dir(task)}
 
 
-def placeholder_values(lf: LabFiles, node_name: str, task: str) -> dict[str, str]:
+def placeholder_values(lab: Lab, node_name: str, task: str) -> dict[str, str]:
     """A node's values for the task placeholders."""
-    env = lf.lab.node(node_name).env
+    env = lab.node(node_name).env
     return {
         "node": env["TFLAB_NODE"],
         "job_name": env["TFLAB_JOB_NAME"],
@@ -30,7 +32,48 @@ def placeholder_values(lf: LabFiles, node_name: str, task: str) -> dict[str, str
     }
 
 
-def task_argv(lf: LabFiles, node_name: str, task_name: str) -> list[str]:
-    """The argv that runs task `task_name` as `node_name`."""
-    task = lf.config.task(task_name)
-    return ["sh", "-c", cfg.fill_placeholders(task.command, placeholder_values(lf, node_name, task_name))]
+def command_line(lab: Lab, node_name: str, task: Task) -> str:
+    """The command line that runs `task` as `node_name` (placeholders filled)."""
+    return cfg.fill_placeholders(task.command, placeholder_values(lab, node_name, task.name))
+
+
+def commands(lab: Lab, task: Task) -> dict[str, str]:
+    """Every node's command line for `task`."""
+    return {name: command_line(lab, name, task) for name in lab.names}
+
+
+def start_order(lab: Lab, task: Task) -> tuple[list[Node], list[Node], list[Node]]:
+    """(servers, sidecars, finishers): servers start first and only serve; the run ends with the finishers.
+
+    The evaluator is a sidecar unless the task lists it among its servers: it runs beside
+    the finishers and is stopped with the servers.
+    """
+    servers = [n for n in lab.nodes if n.job in task.servers]
+    sidecars = [n for n in lab.nodes if n.job == "evaluator" and n.job not in task.servers]
+    finishers = [n for n in lab.nodes if n.job not in task.servers and n.job != "evaluator"]
+    return servers, sidecars, finishers
+
+
+def servers_for_exec(lab: Lab, task: Task, node_name: str) -> list[Node]:
+    """The servers `tflab exec NODE TASK` needs: none when NODE is itself one of them."""
+    node = lab.node(node_name)
+    if node.job in task.servers:
+        return []
+    return [n for n in lab.nodes if n.job in task.servers and n.name != node_name]
+
+
+def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | None = None,
+             restarts: int = 0, ready_timeout_s: float = 120.0) -> RunPlan:
+    """The run state machine's plan for `task` on `lab`."""
+    servers, sidecars, finishers = start_order(lab, task)
+    return RunPlan(
+        servers=tuple(n.name for n in servers),
+        sidecars=tuple(n.name for n in sidecars),
+        finishers=tuple(n.name for n in finishers),
+        chief=lab.chief.name,
+        grace_s=grace_s,
+        timeout_s=timeout_s,
+        ready_timeout_s=ready_timeout_s,
+        restarts=restarts,
+        task_index={n.name: n.task_index for n in lab.nodes if n.job == "worker"},
+    )

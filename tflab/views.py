@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tflab.gpus import Gpu
+from tflab.links import Links
 from tflab.model import Lab, Node
 
 NODE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
@@ -61,9 +62,12 @@ def gpu_map(lab: Lab, host_gpus: Sequence[Gpu]) -> Text | None:
     return picture
 
 
-def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str) -> Table:
-    """node, role, GPUs, state, health, ports: what `status` prints."""
-    table = Table(caption=f"ports are published on {bind}")
+def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str, links: Links | None = None) -> Table:
+    """node, role, GPUs, state, health, ports: what `status` prints (and the links, when shaped)."""
+    caption = f"ports are published on {bind}"
+    if links:
+        caption += f"; links: {links.describe()} (each node's egress)"
+    table = Table(caption=caption)
     for column in ("node", "role", "GPUs", "state", "health", "SSH", "TensorBoard"):
         table.add_column(column)
     for node in lab.nodes:
@@ -79,5 +83,70 @@ def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str) -> 
             Text(health, style=colour),
             str(node.ssh_port),
             str(node.tensorboard_port),
+        )
+    return table
+
+
+VERDICT_COLOURS = {"ok": "green", "served": "green", "failed": "red", "hung": "red", "timeout": "red",
+                   "interrupted": "yellow", "stopped": "yellow"}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def run_summary(lab: Lab, rows: Mapping[str, Mapping]) -> Table:
+    """node, role, exit, duration, steps/s, verdict: the end of a run (rows as run.json keeps them)."""
+    table = Table(title="run summary")
+    for column in ("node", "role", "exit", "duration", "steps/s", "verdict"):
+        table.add_column(column)
+    for node in lab.nodes:
+        row = rows.get(node.name)
+        if row is None:
+            continue
+        verdict = row.get("verdict") or "-"
+        code = row.get("exit_code")
+        shown_code = "-" if code is None or verdict in ("served", "stopped", "interrupted") else str(code)
+        attempt = row.get("attempt") or 1
+        rate = row.get("steps_per_s")
+        table.add_row(
+            node.name,
+            role_text(lab, node),
+            shown_code,
+            _seconds(row.get("duration_s")),
+            f"{rate:.1f}" if rate else "-",
+            Text(verdict + (f" (attempt {attempt})" if attempt > 1 else ""),
+                 style=VERDICT_COLOURS.get(verdict, "yellow")),
+        )
+    return table
+
+
+def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
+    """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s."""
+    import time
+
+    from tflab import runrecord
+
+    table = Table()
+    for column in ("run", "started", "duration", "verdict", "result", "steps/s"):
+        table.add_column(column)
+    for folder, data in found:
+        state = data.get("state")
+        if state == "finished":
+            verdict = data.get("verdict") or "-"
+        elif runrecord.is_live(data):
+            verdict = state or "running"
+        else:
+            verdict = "abandoned"
+        started = data.get("started")
+        rate = data.get("steps_per_s")
+        duration = data.get("duration_s") if state == "finished" or not started else time.time() - started
+        table.add_row(
+            getattr(folder, "name", str(folder)),
+            runrecord.stamp(started) if started else "-",
+            _seconds(duration),
+            Text(verdict, style=VERDICT_COLOURS.get(verdict, "yellow")),
+            (data.get("result") or "-")[:70],
+            f"{rate:.1f}" if rate else "-",
         )
     return table

@@ -23,11 +23,14 @@ Host *
 CONF
 chmod 600 /root/.ssh/config
 
+# A lab made with --link-rate/--link-delay shapes its traffic before anything else runs.
+/usr/local/share/tflab/shape.sh || { echo "tflab: link shaping failed; the node stops rather than run unshaped" >&2; exit 1; }
+
 # Every node's host keys are its own, made at first start.
 ssh-keygen -A >/dev/null
 
 # SSH sessions see what `docker exec` sees: TF_CONFIG, TFLAB_*, PATH and the CUDA variables.
-env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED)=' \
+env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED|LANG)=' \
     > /root/.ssh/environment || true
 sed 's/^\([^=]*\)=\(.*\)$/export \1='"'"'\2'"'"'/' /root/.ssh/environment > /etc/profile.d/tflab.sh
 

@@ -1,0 +1,397 @@
+"""tflab's guard: how tflab starts, holds, watches and stops processes inside a node.
+
+Every process tflab starts in a node runs under this guard, which ties it to tflab:
+
+  guard.py run KEY [--held] [--preload] [--grace S] -- ARGV | --shell CMD
+      Attached to tflab: its standard input is tflab's connection. A line `go` releases a
+      `--held` process; the end of input (tflab stopped it, or tflab died: even `kill -9`
+      closes the connection) stops the process's whole group: SIGTERM, then SIGKILL after
+      the grace. With --preload, a Python program that imports TensorFlow gets its
+      interpreter and TensorFlow ready while it is held, then runs unchanged as __main__
+      with its own argv once released.
+  guard.py serve KEY [--lease LEASE] [--log FILE] -- ARGV | --shell CMD
+      A server shared by several `tflab exec`s: it lives while a holder of LEASE lives
+      (without --lease, until `stop`: TensorBoard).
+  guard.py hold LEASE          holds LEASE until its standard input ends.
+  guard.py held LEASE          exits 0 while some holder of LEASE lives.
+  guard.py probe HOST:PORT [--key KEY] [--timeout S]
+      exits 0 once HOST:PORT accepts (retrying name resolution: a swarm service's name
+      resolves only once its task runs), 3 if KEY's process ended first, 4 on timeout.
+  guard.py alive KEY           exits 0 while KEY's process lives.
+  guard.py stop PATTERN... [--grace S] [--force]
+      stops every process group whose key matches a pattern (leftovers of an earlier run).
+
+Pid files live in /run/tflab: KEY.pid holds `PGID STARTTIME`, KEY.exit the exit code.
+Standard library only: it runs under the node's own Python.
+"""
+
+import argparse
+import fnmatch
+import glob
+import os
+import re
+import runpy
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+STATE = os.environ.get("TFLAB_GUARD_STATE", "/run/tflab")  # tests point it elsewhere
+SHELL_CHARS = set("|&;<>()$`\\*?[]{}~#\n'\"")
+TF_IMPORT = re.compile(r"^\s*(import\s+tensorflow|from\s+tensorflow)\b", re.MULTILINE)
+
+
+def pid_path(key):
+    return os.path.join(STATE, key + ".pid")
+
+
+def exit_path(key):
+    return os.path.join(STATE, key + ".exit")
+
+
+def start_time(pid):
+    """The kernel's start time of `pid` (tells a live process from a recycled pid)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def write_pid(key, pgid):
+    os.makedirs(STATE, exist_ok=True)
+    try:
+        os.unlink(exit_path(key))
+    except OSError:
+        pass
+    with open(pid_path(key) + ".tmp", "w") as handle:
+        handle.write("%d %s\n" % (pgid, start_time(pgid)))
+    os.replace(pid_path(key) + ".tmp", pid_path(key))
+
+
+def write_exit(key, code):
+    try:
+        with open(exit_path(key), "w") as handle:
+            handle.write("%d\n" % code)
+        os.unlink(pid_path(key))
+    except OSError:
+        pass
+
+
+def read_pid(key_or_path):
+    """The live process group of a pid file, or None (a stale file is removed)."""
+    path = key_or_path if key_or_path.endswith(".pid") else pid_path(key_or_path)
+    try:
+        with open(path) as handle:
+            fields = handle.read().split()
+        pgid, started = int(fields[0]), fields[1] if len(fields) > 1 else None
+    except (OSError, ValueError, IndexError):
+        return None
+    if start_time(pgid) is None or (started not in (None, "None") and start_time(pgid) != started):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return None
+    return pgid
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(pgid, grace, force=False):
+    """SIGTERM the group, SIGKILL what is left after `grace` seconds (some TF servers ignore TERM)."""
+    if not force:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def exit_code(status):
+    """A Popen return code as a shell reports it (128 + signal for a killed process)."""
+    return 128 - status if status < 0 else status
+
+
+def plan_command(args):
+    """('shell', argv) for shell text, ('python', argv) for `python script.py ...`, else ('exec', argv)."""
+    if args.shell is None:
+        argv = args.argv
+    elif SHELL_CHARS & set(args.shell):
+        return "shell", ["sh", "-c", args.shell]
+    else:
+        argv = shlex.split(args.shell)
+    if not argv:
+        raise SystemExit("tflab guard: no command")
+    name = os.path.basename(argv[0])
+    if len(argv) >= 2 and re.match(r"^python(3(\.\d+)?)?$", name) and argv[1].endswith(".py"):
+        return "python", argv
+    return "exec", argv
+
+
+def same_python(found):
+    """Whether the interpreter at `found` is this one, in the same environment (venv) too."""
+    here = os.path.abspath(sys.executable)
+    there = os.path.abspath(found)
+    if os.path.dirname(there) == os.path.dirname(here):
+        return True
+    in_venv = any(os.path.exists(os.path.join(os.path.dirname(os.path.dirname(p)), "pyvenv.cfg"))
+                  for p in (here, there))
+    return not in_venv and os.path.realpath(there) == os.path.realpath(here)
+
+
+def can_run_here(argv):
+    """Whether `python script.py` would run under this very interpreter, on a TensorFlow program."""
+    found = shutil.which(argv[0])
+    if found is None or not same_python(found):
+        return False
+    try:
+        with open(argv[1], encoding="utf-8", errors="replace") as handle:
+            return bool(TF_IMPORT.search(handle.read()))
+    except OSError:
+        return False
+
+
+class Connection(threading.Thread):
+    """Reads tflab's connection: `go` releases, the end of it stops."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="tflab-connection")
+        self.released = threading.Event()
+        self.closed = threading.Event()
+
+    def run(self):
+        try:
+            for line in sys.stdin:
+                if line.strip() == "go":
+                    self.released.set()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.closed.set()
+            self.released.set()
+
+
+def run(args):
+    kind, argv = plan_command(args)
+    connection = Connection()
+    connection.start()
+    if args.preload and kind == "python" and can_run_here(argv):
+        return run_in_process(args, argv, connection)
+    if args.held:
+        connection.released.wait()
+        if connection.closed.is_set():
+            return 143
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    write_pid(args.key, child.pid)
+
+    def forward(_signum, _frame):
+        stop_group(child.pid, args.grace)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+
+    def on_close():
+        connection.closed.wait()
+        stop_group(child.pid, args.grace)
+
+    threading.Thread(target=on_close, daemon=True).start()
+    code = exit_code(child.wait())
+    write_exit(args.key, code)
+    return code
+
+
+def run_in_process(args, argv, connection):
+    """Import TensorFlow now, then run the program as __main__ in this interpreter once released."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass  # already a group leader (a docker exec process leads its session)
+    pgid = os.getpgrp()
+    write_pid(args.key, pgid)
+
+    def on_close():
+        connection.closed.wait()
+        stop_group(pgid, args.grace)
+
+    threading.Thread(target=on_close, daemon=True).start()
+    try:
+        import tensorflow  # noqa: F401  (the point: paid while the servers start)
+    except Exception:  # noqa: BLE001 - the program will import it itself and say why
+        pass
+    if args.held:
+        connection.released.wait()
+    if connection.closed.is_set():
+        return 143
+    script = argv[1]
+    sys.argv = argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - shown as Python shows it, exit code 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    write_exit(args.key, code)
+    return code
+
+
+def holders(lease):
+    folder = os.path.join(STATE, "holds", lease)
+    return [p for p in glob.glob(os.path.join(folder, "*.pid")) if read_pid(p) is not None]
+
+
+def serve(args):
+    _kind, argv = plan_command(args)
+    if args.log:
+        os.makedirs(os.path.dirname(args.log) or ".", exist_ok=True)
+    log = open(args.log, "ab", buffering=0) if args.log else subprocess.DEVNULL
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    write_pid(args.key, child.pid)
+    started = time.monotonic()
+    unheld_since = None
+    while child.poll() is None:
+        time.sleep(0.2)
+        if args.lease is None or holders(args.lease):
+            unheld_since = None
+            continue
+        unheld_since = unheld_since or time.monotonic()
+        if time.monotonic() - started > 10 and time.monotonic() - unheld_since > 0.5:
+            stop_group(child.pid, args.grace)
+    code = exit_code(child.wait())
+    write_exit(args.key, code)
+    return code
+
+
+def hold(args):
+    folder = os.path.join(STATE, "holds", args.lease)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "%d.pid" % os.getpid())
+    with open(path, "w") as handle:
+        handle.write("%d %s\n" % (os.getpid(), start_time(os.getpid())))
+    print("holding", flush=True)
+    try:
+        for _line in sys.stdin:
+            pass
+    finally:
+        os.unlink(path)
+    return 0
+
+
+def held(args):
+    return 0 if holders(args.lease) else 1
+
+
+def probe(args):
+    host, _, port = args.address.rpartition(":")
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if args.key and os.path.exists(exit_path(args.key)):
+            return 3
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return 0
+        except OSError:
+            time.sleep(0.05)
+    return 4
+
+
+def alive(args):
+    return 0 if read_pid(args.key) is not None else 1
+
+
+def stop(args):
+    groups = []
+    for path in glob.glob(os.path.join(STATE, "*.pid")):
+        key = os.path.basename(path)[:-4]
+        if any(fnmatch.fnmatchcase(key, pattern) for pattern in args.patterns):
+            pgid = read_pid(path)
+            if pgid is not None:
+                groups.append((path, pgid))
+    threads = [threading.Thread(target=stop_group, args=(pgid, args.grace, args.force)) for _, pgid in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for path, _ in groups:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    for path in glob.glob(os.path.join(STATE, "*.exit")):
+        if any(fnmatch.fnmatchcase(os.path.basename(path)[:-5], pattern) for pattern in args.patterns):
+            os.unlink(path)
+    return 0
+
+
+def command_args(parser):
+    parser.add_argument("--shell", help="a command line (run by sh when it needs a shell)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="tflab-guard", description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    p = verbs.add_parser("run")
+    p.add_argument("key")
+    p.add_argument("--held", action="store_true")
+    p.add_argument("--preload", action="store_true")
+    p.add_argument("--grace", type=float, default=3.0)
+    command_args(p)
+    p = verbs.add_parser("serve")
+    p.add_argument("key")
+    p.add_argument("--lease", help="live while a holder of it lives (default: until stopped)")
+    p.add_argument("--log")
+    p.add_argument("--grace", type=float, default=3.0)
+    command_args(p)
+    p = verbs.add_parser("hold")
+    p.add_argument("lease")
+    p = verbs.add_parser("held")
+    p.add_argument("lease")
+    p = verbs.add_parser("probe")
+    p.add_argument("address")
+    p.add_argument("--key")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p = verbs.add_parser("alive")
+    p.add_argument("key")
+    p = verbs.add_parser("stop")
+    p.add_argument("patterns", nargs="+")
+    p.add_argument("--grace", type=float, default=3.0)
+    p.add_argument("--force", action="store_true")
+    words = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is the command, untouched by option parsing.
+    split = words.index("--") if "--" in words else len(words)
+    args = parser.parse_args(words[:split])
+    args.argv = words[split + 1:]
+    handlers = {"run": run, "serve": serve, "hold": hold, "held": held, "probe": probe, "alive": alive, "stop": stop}
+    return handlers[args.verb](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""However a run ends, nothing it started stays in any node; detached runs outlive their terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from test_docker_run import add_tasks, task_processes
+from tflab import labfiles, nodes
+from tflab.executor import exec_quiet
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
+        "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")
+TFLAB = [sys.executable, "-m", "tflab"]
+
+
+@pytest.fixture
+def long_lab(labs, runner) -> Path:
+    lab = labs.gen(nodes=3)
+    add_tasks(lab, {"long": LONG})
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 0, up.stderr
+    return lab
+
+
+def start_run(lab: Path, *args: str) -> subprocess.Popen:
+    """`tflab run` in a session of its own, as from a terminal, its output read line by line."""
+    return subprocess.Popen([*TFLAB, "run", *args, "--lab", str(lab)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def read_until(child: subprocess.Popen, text: str, timeout: float = 180) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout
+    assert child.stdout is not None
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"never saw {text!r}:\n{''.join(seen[-30:])}")
+
+
+def gone_within(client, project: str, seconds: float) -> dict:
+    """Wait until no task process is left in any node; what was left at the end."""
+    deadline = time.monotonic() + seconds
+    left = task_processes(client, project)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = task_processes(client, project)
+    return left
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_to_a_foreground_run_stops_everything_with_a_verdict(long_lab: Path, docker_client,
+                                                                       signum: int) -> None:
+    project = labfiles.open_lab(long_lab).project
+    child = start_run(long_lab, "long")
+    read_until(child, "first step done")
+    child.send_signal(signum)
+    rest, _ = child.communicate(timeout=60)
+    assert child.returncode == 130, rest[-2000:]
+    assert "interrupted" in rest and "run summary" in rest
+    assert gone_within(docker_client, project, 10) == {}
+    record = json.loads((labfiles.open_lab(long_lab).runs_dir / "long" / "run.json").read_text())
+    assert (record["state"], record["verdict"], record["exit_code"]) == ("finished", "interrupted", 130)
+
+
+def test_kill_9_of_tflab_leaves_nothing_and_the_next_run_clears_leftovers(long_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(long_lab)
+    child = start_run(long_lab, "long")
+    read_until(child, "first step done")
+    child.kill()
+    child.wait()
+    assert gone_within(docker_client, lf.project, 10) == {}, "the processes must watch their connection to tflab"
+    # A leftover of an earlier run whose connection never closed is cleared by the next run of the task.
+    worker1 = nodes.lab_containers(docker_client, lf.project)["worker1"]
+    exec_quiet(docker_client, worker1, ["sh", "-c", "(sleep 600 | python3 /usr/local/share/tflab/guard.py run "
+                                        "run.long.worker1 --shell 'sleep 500') >/dev/null 2>&1 &"])
+    time.sleep(1)
+    assert "sleep 500" in task_processes(docker_client, lf.project).get("worker1", "")
+    again = start_run(long_lab, "long")
+    read_until(again, "first step done")
+    assert "sleep 500" not in task_processes(docker_client, lf.project).get("worker1", "")
+    again.send_signal(signal.SIGINT)
+    again.communicate(timeout=60)
+    exec_quiet(docker_client, worker1, ["pkill", "-f", "sleep 600"])
+    assert gone_within(docker_client, lf.project, 10) == {}
+
+
+def test_a_closed_stdout_ends_the_run_by_itself(long_lab: Path, docker_client) -> None:
+    project = labfiles.open_lab(long_lab).project
+    started = time.monotonic()
+    piped = subprocess.run(f"{' '.join(TFLAB)} run long --lab {long_lab} | head -n 1", shell=True,
+                           capture_output=True, text=True, timeout=180)
+    assert time.monotonic() - started < 120
+    assert piped.stdout == "tflab: run long: servers ps0 first, then worker0, worker1\n"
+    assert "the output pipe closed" in piped.stderr and "Traceback" not in piped.stderr
+    assert gone_within(docker_client, project, 10) == {}
+
+
+def test_a_stopped_worker_container_ends_the_run_naming_it(long_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(long_lab)
+    child = start_run(long_lab, "long")
+    read_until(child, "[worker1] worker1: first step done")
+    stopped_at = time.monotonic()
+    nodes.lab_containers(docker_client, lf.project)["worker1"].stop(timeout=2)
+    rest, _ = child.communicate(timeout=120)
+    assert time.monotonic() - stopped_at < 60
+    assert child.returncode == 1
+    assert "tflab: worker1 failed with exit code" in rest and "(its container stopped)" in rest
+    assert gone_within(docker_client, lf.project, 10) == {}
+
+
+def test_a_detached_run_outlives_its_terminal_and_can_be_followed_and_stopped(labs, runner, long_lab: Path,
+                                                                               docker_client) -> None:
+    lf = labfiles.open_lab(long_lab)
+    # A terminal: a session whose leader is a shell; closing it hangs up the whole session.
+    terminal = subprocess.Popen(["setsid", "sh", "-c", f"{' '.join(TFLAB)} run train -d --lab {long_lab}; sleep 600"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = read_until(terminal, "goes on in the background")
+    assert "`tflab attach train` follows it" in said
+    os.killpg(os.getpgid(terminal.pid), signal.SIGHUP)
+    terminal.wait(timeout=10)
+    runs = runner.invoke(cli, ["runs", "--lab", str(long_lab)])
+    assert runs.exit_code == 0 and "running" in runs.stdout, runs.stdout
+    attached = runner.invoke(cli, ["attach", "train", "--lab", str(long_lab)])
+    assert attached.exit_code == 0, attached.stdout[-2000:]
+    assert "[worker0] worker0: test accuracy" in attached.stdout and "run summary" in attached.stdout
+    record = json.loads((lf.runs_dir / "train" / "run.json").read_text())
+    assert (record["verdict"], record["detached"]) == ("ok", True)
+    assert record["result"].startswith("worker0: test accuracy") and record["steps_per_s"] > 0
+
+    child = subprocess.run([*TFLAB, "run", "long", "-d", "--lab", str(long_lab)], capture_output=True, text=True,
+                           timeout=240)
+    assert child.returncode == 0, child.stdout + child.stderr
+    stopped = runner.invoke(cli, ["stop", "long", "--lab", str(long_lab)])
+    assert stopped.exit_code == 0, stopped.stdout
+    assert "stopped by `tflab stop`" in stopped.stdout
+    assert task_processes(docker_client, lf.project) == {}
+    listed = runner.invoke(cli, ["runs", "--lab", str(long_lab)])
+    rows = [line for line in listed.stdout.splitlines() if line.startswith("│ train") or line.startswith("│ long")]
+    assert any(" ok " in row for row in rows) and any("interrupted" in row for row in rows), listed.stdout

@@ -1,0 +1,214 @@
+"""The run's verdicts from literal event sequences: no Docker, no threads, no clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tflab.runstate import (
+    Began, Exited, Finish, Interrupted, Output, Release, RunMachine, RunPlan, Say, Serving, Start, Stop, Tick,
+)
+
+PLAN = RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0",
+               task_index={"worker0": 0, "worker1": 1, "worker2": 2})
+
+
+def feed(machine: RunMachine, events: list) -> list:
+    actions = []
+    for event in events:
+        actions += machine.handle(event)
+    return actions
+
+
+def started(plan: RunPlan = PLAN) -> RunMachine:
+    """A machine whose servers serve and whose workers were released at t=5."""
+    machine = RunMachine(plan)
+    feed(machine, [Began(0.0), Serving("ps0", 5.0)])
+    return machine
+
+
+def verdicts(machine: RunMachine) -> dict[str, str]:
+    return {name: node.verdict for name, node in machine.nodes.items()}
+
+
+def test_servers_first_then_the_held_workers_are_released_once_they_serve() -> None:
+    machine = RunMachine(PLAN)
+    assert machine.handle(Began(0.0)) == [Start(("ps0",)), Start(("worker0", "worker1", "worker2"), held=True)]
+    assert machine.handle(Tick(3.0)) == []
+    assert machine.handle(Serving("ps0", 5.0)) == [
+        Say("ps0 is serving on ps0:2222"), Say("starting worker0, worker1, worker2"),
+        Release(("worker0", "worker1", "worker2")),
+    ]
+
+
+def test_a_lab_without_servers_starts_its_workers_at_once() -> None:
+    machine = RunMachine(RunPlan(servers=(), finishers=("worker0", "worker1"), chief="worker0"))
+    assert machine.handle(Began(0.0)) == [Start(("worker0", "worker1"))]
+
+
+def test_every_worker_ok_stops_the_servers_and_succeeds() -> None:
+    machine = started()
+    actions = feed(machine, [Exited("worker1", 0, 20.0), Exited("worker2", 0, 20.5)])
+    assert actions == []
+    actions = machine.handle(Exited("worker0", 0, 21.0))
+    assert actions == [Stop(("ps0",)), Finish(0, "ok")]
+    assert machine.handle(Exited("ps0", 143, 21.2)) == []
+    assert verdicts(machine) == {"ps0": "served", "worker0": "ok", "worker1": "ok", "worker2": "ok"}
+
+
+def test_workers_ending_at_the_same_instant_are_all_ok_in_any_order() -> None:
+    rng = random.Random(20261123)
+    for _ in range(1000):
+        machine = started()
+        events = [Exited(w, 0, 30.0) for w in ("worker0", "worker1", "worker2")]
+        events += [Output(w, 29.9, rng.randrange(1500)) for w in ("worker0", "worker1", "worker2")]
+        events.append(Tick(30.0))
+        rng.shuffle(events)
+        actions = feed(machine, events)
+        finishes = [a for a in actions if isinstance(a, Finish)]
+        assert finishes == [Finish(0, "ok")], events
+        assert verdicts(machine) == {"ps0": "served", "worker0": "ok", "worker1": "ok", "worker2": "ok"}
+        # The servers' own exit, whenever it comes, changes nothing.
+        assert machine.handle(Exited("ps0", -9, 31.0)) == [] and machine.finish == Finish(0, "ok")
+
+
+def test_a_failing_worker_stops_the_rest_and_names_itself() -> None:
+    machine = started()
+    actions = machine.handle(Exited("worker1", 137, 12.0))
+    assert actions == [Stop(("ps0", "worker0", "worker2")), Finish(1, "failed", "worker1 failed with exit code 137")]
+    assert verdicts(machine) == {"ps0": "stopped", "worker0": "stopped", "worker1": "failed", "worker2": "stopped"}
+
+
+def test_a_worker_whose_container_stopped_is_named_with_why() -> None:
+    machine = started()
+    actions = machine.handle(Exited("worker1", 137, 12.0, "its container stopped"))
+    assert actions[-1] == Finish(1, "failed", "worker1 failed with exit code 137 (its container stopped)")
+    lost = started()
+    assert lost.handle(Exited("worker2", None, 9.0, "lost the connection to it while it still ran"))[-1] == Finish(
+        1, "failed", "worker2 failed: ended with no exit code: lost the connection to it while it still ran")
+
+
+def test_a_failed_worker_is_restarted_when_allowed_but_the_chief_never() -> None:
+    plan = RunPlan(servers=("ps0",), finishers=("worker0", "worker1"), chief="worker0", restarts=1)
+    machine = started(plan)
+    assert machine.handle(Exited("worker1", 137, 10.0)) == [
+        Say("worker1 exited with 137; restart 1 of 1"), Start(("worker1",), attempt=2)]
+    assert machine.nodes["worker1"].attempt == 2
+    assert machine.handle(Exited("worker1", 0, 30.0)) == []
+    assert machine.handle(Exited("worker0", 0, 31.0)) == [Stop(("ps0",)), Finish(0, "ok")]
+    again = started(plan)
+    assert again.handle(Exited("worker0", 1, 10.0))[-1] == Finish(1, "failed", "worker0 failed with exit code 1")
+
+
+def test_the_ps_dying_ends_the_run_at_once_naming_it() -> None:
+    machine = started()
+    actions = machine.handle(Exited("ps0", 137, 40.0))
+    assert actions == [Stop(("worker0", "worker1", "worker2")),
+                       Finish(1, "failed", "ps0 exited with 137 while the workers were running")]
+    early = RunMachine(PLAN)
+    early.handle(Began(0.0))
+    assert early.handle(Exited("ps0", 1, 2.0))[-1] == Finish(1, "failed", "ps0 exited with 1 before serving on port 2222")
+
+
+def test_a_server_that_never_serves_fails_the_run_after_the_ready_timeout() -> None:
+    machine = RunMachine(PLAN)
+    machine.handle(Began(0.0))
+    assert machine.handle(Tick(119.0)) == []
+    assert machine.handle(Tick(121.0))[-1] == Finish(1, "failed", "ps0 did not serve on port 2222 within 120s")
+
+
+def test_a_silent_worker_after_the_chief_is_hung_and_stopped() -> None:
+    machine = started()
+    feed(machine, [Output("worker2", 8.0, 10), Output("worker2", 9.0, 20), Exited("worker0", 0, 10.0),
+                   Exited("worker1", 0, 10.0)])
+    assert machine.handle(Tick(39.0)) == []
+    actions = machine.handle(Tick(40.5))
+    assert actions == [Stop(("worker2",))]
+    assert machine.nodes["worker2"].verdict == "hung"
+    assert machine.handle(Exited("worker2", 143, 41.0)) == [
+        Stop(("ps0",)),
+        Finish(1, "hung", "worker2 still running 30s after the chief finished, silent for 30s: reported hung and stopped"),
+    ]
+
+
+def test_a_worker_still_printing_steps_after_the_chief_is_not_hung() -> None:
+    machine = started()
+    feed(machine, [Output("worker1", 9.0, 1), Exited("worker0", 0, 10.0), Exited("worker2", 0, 10.0)])
+    for t in range(11, 80):
+        assert machine.handle(Output("worker1", float(t), t)) == []
+        assert machine.handle(Tick(t + 0.5)) == []
+    assert machine.handle(Exited("worker1", 0, 80.0))[-1] == Finish(0, "ok")
+
+
+def test_a_late_worker_ending_35s_after_the_chief_is_ok() -> None:
+    # worker2 asked before the chief was ready and slept through TF's 30 s recovery wait.
+    machine = started()
+    feed(machine, [Output("worker2", 6.0, None), Output("worker0", 7.0, 0), Exited("worker0", 0, 10.0),
+                   Exited("worker1", 0, 10.0)])
+    for t in range(11, 45):
+        assert machine.handle(Tick(float(t))) == []
+    feed(machine, [Output("worker2", 40.0, 1500)])
+    actions = machine.handle(Exited("worker2", 0, 45.0))
+    assert actions == [Stop(("ps0",)), Finish(0, "ok")]
+    assert verdicts(machine) == {"ps0": "served", "worker0": "ok", "worker1": "ok", "worker2": "ok"}
+
+
+def test_a_late_worker_still_waiting_is_the_classic_hang_with_its_cure() -> None:
+    machine = started()
+    feed(machine, [Output("worker2", 6.0, None), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0)])
+    assert machine.handle(Tick(69.0)) == []  # the recovery wait (30 s) and the grace (30 s) are its due
+    assert machine.handle(Tick(70.5)) == [Stop(("worker2",))]
+    actions = machine.handle(Exited("worker2", 143, 71.0))
+    assert actions[-1].verdict == "hung"
+    problem = actions[-1].problem
+    assert problem.startswith("worker2 never printed a training step and still waited 60s after the chief "
+                              "finished: reported hung and stopped. With TF1's MonitoredTrainingSession this is "
+                              "the classic late worker")
+    assert "recovery_wait_secs" in problem
+    assert 'device_filters=["/job:ps", "/job:worker/task:2"]' in problem
+
+
+def test_the_timeout_stops_everything() -> None:
+    machine = RunMachine(RunPlan(servers=("ps0",), finishers=("worker0",), chief="worker0", timeout_s=60))
+    feed(machine, [Began(0.0), Serving("ps0", 2.0)])
+    assert machine.handle(Tick(59.0)) == []
+    assert machine.handle(Tick(61.0)) == [Stop(("ps0", "worker0")),
+                                          Finish(1, "timeout", "the run passed its timeout of 60s")]
+    assert verdicts(machine) == {"ps0": "timeout", "worker0": "timeout"}
+
+
+def test_an_interrupt_stops_everything_and_a_second_one_forces() -> None:
+    machine = started()
+    actions = machine.handle(Interrupted(12.0, "interrupted (Ctrl-C)"))
+    assert actions == [Stop(("ps0", "worker0", "worker1", "worker2")),
+                       Finish(130, "interrupted", "interrupted (Ctrl-C)")]
+    assert set(verdicts(machine).values()) == {"interrupted"}
+    machine.handle(Exited("worker0", 143, 12.5))
+    assert machine.handle(Interrupted(13.0, "interrupted (Ctrl-C)", force=True)) == [
+        Stop(("ps0", "worker1", "worker2"), force=True)]
+
+
+def test_an_interrupt_while_the_servers_start_stops_the_held_workers_too() -> None:
+    machine = RunMachine(PLAN)
+    machine.handle(Began(0.0))
+    actions = machine.handle(Interrupted(1.0, "the output pipe closed"))
+    assert actions[0] == Stop(("ps0", "worker0", "worker1", "worker2"))
+
+
+def test_the_evaluator_runs_beside_and_is_stopped_at_the_end() -> None:
+    plan = RunPlan(servers=("ps0",), sidecars=("evaluator",), finishers=("worker0",), chief="worker0")
+    machine = RunMachine(plan)
+    assert machine.handle(Began(0.0))[0] == Start(("ps0", "evaluator"))
+    machine.handle(Serving("ps0", 1.0))
+    assert machine.handle(Exited("worker0", 0, 9.0)) == [Stop(("ps0", "evaluator")), Finish(0, "ok")]
+    assert verdicts(machine) == {"ps0": "served", "evaluator": "stopped", "worker0": "ok"}
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_events_of_unknown_nodes_and_repeated_exits_change_nothing(code: int) -> None:
+    machine = started()
+    assert machine.handle(Exited("nobody", code, 1.0)) == []
+    machine.handle(Exited("worker1", 0, 9.0))
+    assert machine.handle(Exited("worker1", code, 9.5)) == []
+    assert machine.nodes["worker1"].verdict == "ok"

@@ -1,0 +1,153 @@
+"""What the command modules share: the lab option, consoles, progress, the lab's engine side."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from tflab import labfiles, steps
+from tflab.builds import Progress
+from tflab.errors import UserError
+
+
+@dataclass
+class Settings:
+    """Options of the root command, for every command."""
+
+    verbose: bool = False
+
+
+SETTINGS = Settings()
+# A user asking for TensorFlow's start-up lines without -v (what `-v` shows too).
+SHOW_TF_NOISE_VAR = "TFLAB_SHOW_TF_NOISE"
+
+LabOption = Annotated[Path, typer.Option("--lab", "-C", help="The lab folder (default: the current folder).")]
+ViaOption = Annotated[str, typer.Option("--via", help="How to reach the nodes: docker (exec, this host) or ssh (their published SSH ports).")]
+
+
+class PipeConsole(Console):
+    """A console that lets a closed stdout be handled by tflab (Rich's default is to exit at once)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the dead pipe, not even at exit
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        raise BrokenPipeError("stdout was closed")
+
+
+def console() -> Console:
+    """Rich console on stdout (made per call, so tests can capture it)."""
+    return PipeConsole(highlight=False, soft_wrap=False)
+
+
+def err_console() -> Console:
+    """Rich console on stderr, for progress and messages."""
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def show_tf_noise() -> bool:
+    """Whether TensorFlow's start-up noise is shown (-v, or TFLAB_SHOW_TF_NOISE=1)."""
+    return SETTINGS.verbose or os.environ.get(SHOW_TF_NOISE_VAR, "") not in ("", "0")
+
+
+def keep_line(text: str) -> bool:
+    """Whether a node's output line reaches the terminal."""
+    return show_tf_noise() or not steps.is_noise(text)
+
+
+@contextmanager
+def progress(title: str) -> Iterator[Progress]:
+    """Progress of a long operation: a spinner with the latest line on a terminal; off one, the steps only."""
+    err = err_console()
+    if err.is_terminal and not SETTINGS.verbose:
+        with err.status(title) as status:
+            current = [title]
+
+            def step(message: str) -> None:
+                current[0] = f"{title}: {message}"
+                err.print(f"  {title}: {escape(message)}")
+                status.update(escape(current[0]))
+
+            def detail(line: str) -> None:
+                # Build output may hold brackets; escaped, Rich shows them instead of reading markup.
+                status.update(f"{escape(current[0])}: [dim]{escape(line[-100:])}[/dim]")
+
+            yield Progress(step, detail)
+    else:
+        def plain_step(message: str) -> None:
+            err.print(f"  {title}: {message}", markup=False)
+
+        def plain_detail(line: str) -> None:
+            if SETTINGS.verbose:
+                err.print(f"    {line[-200:]}", markup=False, style="dim")
+
+        yield Progress(plain_step, plain_detail)
+
+
+def open_lab(lab: Path) -> labfiles.LabFiles:
+    """The lab in `lab` (a one-line error when there is none)."""
+    return labfiles.open_lab(lab)
+
+
+def check_via(via: str) -> str:
+    if via not in ("docker", "ssh"):
+        raise UserError(f"--via must be docker or ssh, not {via!r}")
+    return via
+
+
+class StreamOut:
+    """A node's raw output passed to our stdout/stderr; TensorFlow's start-up noise dropped from stderr."""
+
+    def __init__(self) -> None:
+        self.splitter = steps.LineSplitter()
+        self.out = sys.stdout.buffer
+        self.err = sys.stderr.buffer
+        self.broken = False
+
+    def __call__(self, chunk: bytes, is_err: bool) -> None:
+        try:
+            if not is_err:
+                self.out.write(chunk)
+                self.out.flush()
+                return
+            lines = self.splitter.feed(chunk)
+            self._err_lines(lines)
+        except BrokenPipeError:
+            self.broken = True
+            raise
+
+    def _err_lines(self, lines: list[str]) -> None:
+        kept = [line for line in lines if keep_line(line)]
+        if kept:
+            self.err.write(("\n".join(kept) + "\n").encode())
+            self.err.flush()
+
+    def finish(self) -> None:
+        try:
+            self._err_lines(self.splitter.rest())
+        except BrokenPipeError:
+            pass
+
+
+def backend(lf: labfiles.LabFiles, client):  # -> lab.ComposeLab | swarm.SwarmLab
+    """The engine side of a lab: compose on this host, or an existing swarm."""
+    if lf.config.target == "swarm":
+        from tflab.swarm import SwarmLab
+
+        return SwarmLab(lf, client)
+    from tflab.lab import ComposeLab
+
+    return ComposeLab(lf, client)

@@ -1,0 +1,153 @@
+"""`tflab gen`: a topology becomes a lab folder."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tflab import config as cfg
+from tflab import gpus as gpu_discovery
+from tflab import labfiles, links, ports, proc, resources, views
+from tflab.cli.common import LabOption, console
+from tflab.errors import UserError
+from tflab.model import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology, plan
+
+
+def host_gpus(spec: str | None) -> list[gpu_discovery.Gpu]:
+    """The GPUs to split: the explicit --gpus list, else what nvidia-smi reports."""
+    if spec is not None:
+        return gpu_discovery.parse_gpu_list(spec)
+    return gpu_discovery.discover(proc.run)
+
+
+def host_memlock_limit() -> int:
+    """The most locked memory a container may get here: unlimited (-1) where the host allows it."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return -1 if hard == resource.RLIM_INFINITY else hard
+
+
+def lab_relative(path: str | None, root: Path, flag: str) -> str | None:
+    """A folder given on the command line (relative to here), as tflab.yaml keeps it: relative to the lab."""
+    if path is None:
+        return None
+    folder = Path(path).resolve()
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: no such folder")
+    return os.path.relpath(folder, root)
+
+
+def placements(values: list[str], node_names: list[str]) -> dict[str, str]:
+    """`--place NODE=HOST` options as a mapping, every node a node of the lab."""
+    out: dict[str, str] = {}
+    for value in values:
+        node, sep, host = value.partition("=")
+        if not sep or not node or not host:
+            raise UserError(f"--place {value!r}: write NODE=HOST, e.g. --place ps0=gpu-host-1")
+        if node not in node_names:
+            raise UserError(f"--place {value!r}: no node {node!r} in this lab; its nodes are {', '.join(node_names)}")
+        out[node] = host
+    return out
+
+
+def gen(
+    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of ps and worker nodes.")] = 4,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs each node owns (0: a CPU lab).")] = 0,
+    ps: Annotated[int | None, typer.Option(help="Parameter servers (default 1 when nodes >= 2).")] = None,
+    chief: Annotated[bool, typer.Option(help="Add a dedicated `chief` coordinator node.")] = False,
+    evaluator: Annotated[bool, typer.Option(help="Add an `evaluator` node.")] = False,
+    gpus: Annotated[str | None, typer.Option(help="Host GPUs to split, e.g. 0-7 or 0,1,4,5 (default: nvidia-smi).")] = None,
+    share_gpus: Annotated[bool, typer.Option(help="Let several nodes share a GPU, each with a memory share.")] = False,
+    ssh_port_base: Annotated[int, typer.Option(help="Node i's SSH is published on this + i.")] = SSH_PORT_BASE,
+    tensorboard_port_base: Annotated[int, typer.Option(help="Node i's TensorBoard is published on this + i.")] = TENSORBOARD_PORT_BASE,
+    bind: Annotated[str, typer.Option(help="Host address ports are published on (beyond loopback is your choice).")] = LOOPBACK,
+    base: Annotated[str, typer.Option(help="Base image: auto (the official TensorFlow image where its registry answers, else local), official, local (built by `tflab base`, no registry needed) or an image name.")] = cfg.AUTO_BASE,
+    code: Annotated[str | None, typer.Option(help="Folder copied to /workspace (default: the bundled examples, written to the lab's code/).")] = None,
+    data: Annotated[str | None, typer.Option(help="Folder made available at /data (default: the bundled digits dataset, written to the lab's data/).")] = None,
+    data_mode: Annotated[str, typer.Option(help="copy the data into each node, or mount it read-only.")] = "copy",
+    runs: Annotated[str, typer.Option(help="Host folder shared by every node at /runs.")] = cfg.DEFAULT_RUNS,
+    shm_size: Annotated[str, typer.Option(help="Shared memory of each node.")] = "2g",
+    link_rate: Annotated[str | None, typer.Option(help="Shape every node's link to this rate (100mbit, 1gbit, 10gbit).")] = None,
+    link_delay: Annotated[str | None, typer.Option(help="Add this one-way delay in milliseconds to every node's link (needs netem).")] = None,
+    target: Annotated[str, typer.Option(help="Where the lab runs: compose (this host) or swarm (an existing Docker Swarm).")] = "compose",
+    place: Annotated[list[str] | None, typer.Option(help="Swarm: run NODE on the swarm node labelled tflab.host=HOST (NODE=HOST, repeatable).")] = None,
+    registry: Annotated[str | None, typer.Option(help="Swarm: the registry `tflab build` pushes the node image to (needed on several hosts).")] = None,
+    name: Annotated[str | None, typer.Option(help="Lab name (default: the folder's name).")] = None,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing lab (its code/ and data/ stay).")] = False,
+    lab: LabOption = Path("."),
+) -> None:
+    """Write a lab: tflab.yaml, the compose file, the node Dockerfile, the lab's SSH keys, and code/data to start from."""
+    if data_mode not in ("copy", "mount"):
+        raise UserError(f"--data-mode must be copy or mount, not {data_mode!r}")
+    if target not in cfg.TARGETS:
+        raise UserError(f"--target must be {' or '.join(cfg.TARGETS)}, not {target!r}")
+    shaped = links.Links(
+        rate=links.parse_rate(link_rate) if link_rate is not None else None,
+        delay_ms=links.parse_delay(link_delay) if link_delay is not None else None,
+    )
+    topology = Topology(
+        nodes=nodes, ps=ps, chief=chief, evaluator=evaluator, gpus_per_node=gpus_per_node,
+        share_gpus=share_gpus, ssh_port_base=ssh_port_base,
+        tensorboard_port_base=tensorboard_port_base, bind=bind,
+    )
+    root = lab.resolve()
+    if (root / cfg.LAB_FILE).exists() and not force:
+        raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
+    scaffold: dict[str, dict[str, bytes]] = {}
+    if code is None:
+        examples = resources.example_files()
+        scaffold[cfg.CODE_DIR] = examples
+        existing = root / cfg.CODE_DIR
+        tasks = (cfg.code_tasks(existing) if existing.is_dir()
+                 else cfg.tasks_from_text(examples[cfg.LAB_FILE].decode(), "tflab's examples"))
+        code = cfg.CODE_DIR
+    else:
+        code = lab_relative(code, root, "--code")
+        tasks = cfg.code_tasks((root / code).resolve())
+    if data is None:
+        scaffold[cfg.DATA_DIR] = resources.example_data()
+        data = cfg.DATA_DIR
+    else:
+        data = lab_relative(data, root, "--data")
+    if target != "swarm" and (place or registry):
+        raise UserError("--place and --registry are for swarm labs: add --target swarm")
+    listed = host_gpus(gpus) if gpus_per_node > 0 or gpus is not None else []
+    planned = plan(topology, listed)
+    swarm = cfg.SwarmSettings(place=placements(place or [], planned.names), registry=registry)
+    config = cfg.LabConfig(
+        name=name or root.name or "lab",
+        target=target,
+        topology=topology,
+        gpus=tuple(listed),
+        base_image=base,
+        code=code,
+        data=data,
+        data_mode=data_mode,
+        runs=runs,
+        shm_size=shm_size,
+        # Swarm applies memlock itself and refuses -1 on some engines: left out unless asked.
+        memlock=host_memlock_limit() if target == "compose" else None,
+        tasks=tasks,
+        links=shaped,
+        swarm=swarm,
+    )
+    if target == "compose":
+        ports.require_free(
+            bind,
+            [(n.name, "SSH", n.ssh_port) for n in planned.nodes]
+            + [(n.name, "TensorBoard", n.tensorboard_port) for n in planned.nodes],
+        )
+    written = labfiles.write_lab(config, root, force, scaffold)
+    out = console()
+    out.print(views.lab_table(written.lab, bind, title=f"lab {config.name} in {root}"))
+    picture = views.gpu_map(written.lab, listed)
+    if picture is not None:
+        out.print(picture)
+    if shaped:
+        out.print(f"links: {shaped.describe()} on every node's egress")
+    if tasks:
+        out.print(f"tasks: {', '.join(tasks)} (in tflab.yaml; code in {code}, data in {data})")
+    out.print(f"next: tflab up{'' if root == Path.cwd().resolve() else f' --lab {lab}'}")

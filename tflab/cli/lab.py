@@ -1,0 +1,105 @@
+"""Commands that drive a lab's life: base, build, up, status, logs, down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tflab import base_image, engine, hostsettings, lab as lab_ops, proc, views
+from tflab.cli.common import LabOption, backend, console, open_lab, progress
+
+
+def base(
+    gpu: Annotated[bool, typer.Option(help="Build the GPU variant (tensorflow[and-cuda]).")] = False,
+    force: Annotated[bool, typer.Option(help="Build again even if it exists.")] = False,
+    ca_bundle: Annotated[str | None, typer.Option(help="CA bundle pip must trust (default: the host's).")] = None,
+    index_url: Annotated[str | None, typer.Option(help="pip index to use (default: the host's pip setting).")] = None,
+    tensorflow: Annotated[str | None, typer.Option(help="pip requirement for TensorFlow (default tensorflow-cpu).")] = None,
+    tag: Annotated[str | None, typer.Option(help="Tag the base as this (default tflab-base:cpu, or :gpu); labs use it with --base TAG.")] = None,
+) -> None:
+    """Build the local base image (debootstrap + pip) for hosts with no container registry."""
+    client = engine.client()
+    mirror = hostsettings.parse_apt_sources(hostsettings.read_apt_sources())
+    pip = hostsettings.pip_settings(proc.run, os.environ, ca_bundle, index_url)
+    with progress("base image") as report:
+        result = base_image.build_base(client, mirror, pip, report, gpu=gpu, force=force, tensorflow=tensorflow,
+                                       tag=tag)
+    if result.built:
+        console().print(f"built {result.tag} ({result.image_id[7:19]}) from {mirror.uri} {mirror.suite}; log: {result.log}")
+    else:
+        console().print(f"{result.tag} is up to date ({result.image_id[7:19]})")
+
+
+def build(
+    force: Annotated[bool, typer.Option(help="Build again even if the image exists.")] = False,
+    lab: LabOption = Path("."),
+) -> None:
+    """Build the lab's node image (skipped when an image of the same inputs exists)."""
+    lf = open_lab(lab)
+    client = engine.client()
+    with progress("node image") as report:
+        result = lab_ops.ensure_image(lf, client, report, force=force)
+    if lf.config.target == "compose":
+        lf.write_compose(result.tag)
+    if result.built:
+        console().print(f"built {result.tag} ({result.image_id[7:19]}); log: {result.log}")
+    else:
+        console().print(f"{result.tag} is up to date ({result.image_id[7:19]})")
+
+
+def up(lab: LabOption = Path(".")) -> None:
+    """Start the lab: build if needed, start nodes, wait for sshd, copy code and data."""
+    lf = open_lab(lab)
+    side = backend(lf, engine.client())
+    with progress("up") as report:
+        copied = side.up(report)
+    out = console()
+    out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links))
+    if copied:
+        out.print("copied: " + ", ".join(copied))
+    out.print(f"ready: {len(lf.lab.nodes)} nodes; shared runs folder {lf.runs_dir}")
+
+
+def status(lab: LabOption = Path(".")) -> None:
+    """Each node's state and health, GPUs, ports and links."""
+    lf = open_lab(lab)
+    states = backend(lf, engine.client()).status()
+    out = console()
+    out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links))
+    picture = views.gpu_map(lf.lab, lf.config.gpus)
+    if picture is not None:
+        out.print(picture)
+    if not states:
+        out.print("the lab is not up (`tflab up` starts it)")
+
+
+def logs(
+    node: Annotated[str | None, typer.Argument(help="One node (default: every node).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+    tail: Annotated[str, typer.Option(help="Lines from the end of each log.")] = "all",
+    lab: LabOption = Path("."),
+) -> None:
+    """The nodes' logs (sshd and anything the entrypoint printed)."""
+    lf = open_lab(lab)
+    if node is not None:
+        lf.lab.node(node)
+    argv = backend(lf, engine.client()).logs_argv(node, follow, tail)
+    try:
+        sys.exit(subprocess.call(argv))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def down(lab: LabOption = Path(".")) -> None:
+    """Stop and remove every container and network of the lab (the runs folder stays)."""
+    lf = open_lab(lab)
+    with progress("down") as report:
+        report.step(f"removing the lab {lf.config.name}")
+        removed, networks = backend(lf, engine.client()).down()
+    if removed or networks:
+        console().print(f"removed {removed} node(s) and {networks} network(s); outputs stay in {lf.runs_dir}")

@@ -1,0 +1,266 @@
+"""`tflab run` (in the foreground or detached), and the runs kept: runs, attach, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Annotated
+
+import typer
+from rich.text import Text
+
+from tflab import engine, guard, runrecord, tasks, views
+from tflab.cli.common import (
+    SETTINGS, LabOption, ViaOption, backend, check_via, console, err_console, keep_line, open_lab,
+)
+from tflab.config import check_task_name
+from tflab.errors import UserError
+from tflab.labfiles import LabFiles
+from tflab.launcher import Launcher, RunSetup
+from tflab.signals import stop_signals
+from tflab.threads import parallel
+
+DETACH_WAIT_S = 240.0
+
+
+def fresh_run_dir(lf: LabFiles, task: str, resume: bool) -> Path:
+    """The host side of /runs/TASK: a previous run's is moved aside (to TASK.<time>) unless resuming."""
+    folder = lf.runs_dir / task
+    if folder.exists() and not resume:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
+        aside = lf.runs_dir / f"{task}.{stamp}"
+        number = 1
+        while aside.exists():
+            number += 1
+            aside = lf.runs_dir / f"{task}.{stamp}-{number}"
+        folder.rename(aside)
+    (folder / runrecord.LOG_DIR).mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class TerminalSink:
+    """A run's lines with a coloured `[node]` prefix on the terminal, and in output.log as plain text.
+
+    A closed stdout (`tflab run train | head`) stops the run, once; the rest goes to stderr.
+    """
+
+    def __init__(self, lab_names: list[str], output_log: IO[str], terminal: Console | None) -> None:
+        self.colours = {name: views.NODE_COLOURS[i % len(views.NODE_COLOURS)] for i, name in enumerate(lab_names)}
+        self.output_log = output_log
+        self.terminal = terminal
+        self.broken = False
+        self.on_broken = lambda: None
+
+    def line(self, node: str, text: str) -> None:
+        if not keep_line(text):
+            return
+        self.output_log.write(f"[{node}] {text}\n")
+        self.output_log.flush()
+        self._show(Text(f"[{node}] ", style=f"bold {self.colours.get(node, 'white')}") + Text(text))
+
+    def event(self, message: str) -> None:
+        self.output_log.write(f"tflab: {message}\n")
+        self.output_log.flush()
+        self._show(Text(f"tflab: {message}", style="bold"))
+
+    def _show(self, text: Text) -> None:
+        if self.terminal is None or self.broken:
+            return
+        try:
+            self.terminal.print(text, soft_wrap=True)
+        except BrokenPipeError:  # the console pointed stdout at /dev/null already
+            self.broken = True
+            self.on_broken()
+
+
+def run(
+    task: Annotated[str, typer.Argument(help="A task of tflab.yaml.")],
+    grace: Annotated[float, typer.Option(help="Seconds a worker may stay silent after the chief finished before it counts as hung.")] = 30.0,
+    timeout: Annotated[float | None, typer.Option(help="Seconds the whole run may take.")] = None,
+    restarts: Annotated[int, typer.Option(help="Restarts allowed for each failed non-chief worker.")] = 0,
+    resume: Annotated[bool, typer.Option(help="Keep the previous run's outputs (resume from its checkpoint).")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the servers serve and the workers started; the run goes on without the terminal.")] = False,
+    via: ViaOption = "docker",
+    lab: LabOption = Path("."),
+    detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
+) -> None:
+    """Run TASK on every node: servers first (waited on), then workers; exit 0 only if every worker succeeds."""
+    lf = open_lab(lab)
+    definition = lf.config.task(task)
+    check_via(via)
+    if restarts < 0:
+        raise UserError("--restarts cannot be negative")
+    if grace < 0 or (timeout is not None and timeout <= 0):
+        raise UserError("--grace must be 0 or more and --timeout more than 0 seconds")
+    plan = tasks.run_plan(lf.lab, definition, grace_s=grace, timeout_s=timeout, restarts=restarts)
+    if not plan.finishers:
+        raise UserError(f"task {task}: every node only serves ({', '.join(definition.servers)}); "
+                        "nothing would end the run. Make the lab with --chief, or list fewer servers")
+    previous = runrecord.load(lf.runs_dir / task)
+    if previous is not None and runrecord.is_live(previous) and previous.get("pid") != os.getpid():
+        raise UserError(f"run {task} is already going (pid {previous['pid']}); `tflab attach {task}` follows it, "
+                        f"`tflab stop {task}` ends it")
+    side = backend(lf, engine.client())
+    executor = side.executor(lf.lab.names, via)
+    if detach and not detached_child:
+        _detach(lf, task, [f"--grace={grace}", *([f"--timeout={timeout}"] if timeout else []),
+                           f"--restarts={restarts}", *(["--resume"] if resume else []), f"--via={via}"])
+        return
+    folder = fresh_run_dir(lf, task, resume)
+    record = runrecord.RunRecord(folder, task, detached_child, time.time())
+    with (folder / runrecord.OUTPUT_FILE).open("a") as output_log:
+        terminal = None if detached_child else console()
+        sink = TerminalSink(lf.lab.names, output_log, terminal)
+        launcher = Launcher(
+            executor, plan,
+            RunSetup(task, tasks.commands(lf.lab, definition), tasks.task_env(task), folder / runrecord.LOG_DIR,
+                     preload=definition.preload),
+            sink, on_state=lambda state, machine: record.write(state, machine),
+        )
+        sink.on_broken = lambda: launcher.interrupt("the output pipe closed")
+        sink.event(f"run {task}: servers {', '.join(plan.servers + plan.sidecars) or 'none'} first, then "
+                   f"{', '.join(plan.finishers)}")
+        with stop_signals(launcher.interrupt):
+            result = launcher.execute()
+        data = record.write("finished", result.machine, result.result_line, result.first_step_s)
+        out = err_console() if sink.broken or terminal is None else console()
+        show_verdict(out, lf, data, folder)
+    raise typer.Exit(result.finish.exit_code)
+
+
+def show_verdict(out: Console, lf: LabFiles, data: dict, folder: Path) -> None:
+    """The summary table, the problem if any, and where the outputs are."""
+    out.print(views.run_summary(lf.lab, data["nodes"]))
+    if data.get("problem"):
+        out.print(Text(f"tflab: {data['problem']}", style="bold red"), soft_wrap=True)
+    out.print(f"outputs: {folder} (logs in {folder / runrecord.LOG_DIR})", soft_wrap=True)
+
+
+def _detach(lf: LabFiles, task: str, options: list[str]) -> None:
+    """Start the run in a process of its own session and return once its workers started."""
+    argv = [sys.executable, "-m", "tflab", *(["-v"] if SETTINGS.verbose else []), "run", task,
+            "--lab", str(lf.root), *options, "--detached-child"]
+    log_path = lf.state_dir / f"detached-{task}.log"
+    with log_path.open("w") as log:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True, cwd=str(lf.root))
+    folder = lf.runs_dir / task
+    deadline = time.monotonic() + DETACH_WAIT_S
+    data = None
+    while time.monotonic() < deadline:
+        data = runrecord.load(folder)
+        mine = data is not None and data.get("pid") == child.pid
+        if mine and data.get("state") in ("running", "stopping", "finished"):
+            break
+        if child.poll() is not None and not mine:
+            tail = log_path.read_text(errors="replace").strip().splitlines()
+            raise UserError(f"the detached run of {task} did not start: {tail[-1] if tail else 'no output'}")
+        time.sleep(0.1)
+    else:
+        raise UserError(f"the detached run of {task} did not get its workers going within {DETACH_WAIT_S:g}s; "
+                        f"see {log_path} and `tflab attach {task}`")
+    out = console()
+    if data.get("state") == "finished":
+        show_verdict(out, lf, data, folder)
+        raise typer.Exit(data.get("exit_code") or 0)
+    out.print(f"tflab: run {task} goes on in the background (pid {child.pid}): `tflab attach {task}` follows it, "
+              f"`tflab stop {task}` ends it, `tflab runs` lists runs", soft_wrap=True)
+
+
+def runs(lab: LabOption = Path(".")) -> None:
+    """The lab's runs, going and finished: task, start, duration, verdict, result, steps/s."""
+    lf = open_lab(lab)
+    found = runrecord.all_runs(lf.runs_dir)
+    if not found:
+        console().print(f"no runs yet in {lf.runs_dir} (`tflab run TASK` makes one)")
+        return
+    console().print(views.runs_table(found))
+
+
+def _current(lf: LabFiles, task: str) -> tuple[Path, dict]:
+    check_task_name(task)
+    folder = lf.runs_dir / task
+    data = runrecord.load(folder)
+    if data is None:
+        raise UserError(f"no run of {task} in {lf.runs_dir}; `tflab runs` lists the runs")
+    return folder, data
+
+
+def attach(
+    task: Annotated[str, typer.Argument(help="The task whose run to follow.")],
+    lab: LabOption = Path("."),
+) -> None:
+    """Follow a run's output to its verdict (Ctrl-C detaches and stops nothing)."""
+    lf = open_lab(lab)
+    folder, data = _current(lf, task)
+    out = console()
+    position = 0
+    detached = [False]
+
+    def on_stop(_reason: str, _force: bool) -> None:
+        detached[0] = True
+
+    with stop_signals(on_stop):
+        while not detached[0]:
+            try:
+                with (folder / runrecord.OUTPUT_FILE).open("rb") as handle:
+                    handle.seek(position)
+                    chunk = handle.read()
+            except OSError:
+                chunk = b""
+            if chunk:
+                complete = chunk[: chunk.rfind(b"\n") + 1]
+                position += len(complete)
+                if complete:
+                    sys.stdout.write(complete.decode(errors="replace"))
+                    sys.stdout.flush()
+            data = runrecord.load(folder) or data
+            if data.get("state") == "finished" and not chunk:
+                break
+            if data.get("state") != "finished" and not runrecord.is_live(data):
+                err_console().print(f"tflab: the run's supervisor (pid {data.get('pid')}) is gone; "
+                                    f"`tflab stop {task}` clears what it left")
+                raise typer.Exit(1)
+            time.sleep(0.2)
+    if detached[0]:
+        err_console().print(f"tflab: detached from run {task}; it goes on (`tflab stop {task}` ends it)")
+        return
+    show_verdict(out, lf, data, folder)
+    raise typer.Exit(data.get("exit_code") or 0)
+
+
+def stop(
+    task: Annotated[str, typer.Argument(help="The task whose run to stop.")],
+    via: ViaOption = "docker",
+    lab: LabOption = Path("."),
+) -> None:
+    """Stop a running run: every process it started ends, and it gets its verdict."""
+    lf = open_lab(lab)
+    folder, data = _current(lf, task)
+    check_via(via)
+    if data.get("state") == "finished":
+        console().print(f"run {task} has already finished: {data.get('verdict')}")
+        return
+    if runrecord.is_live(data):
+        os.kill(int(data["pid"]), signal.SIGUSR1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            data = runrecord.load(folder) or data
+            if data.get("state") == "finished":
+                show_verdict(console(), lf, data, folder)
+                return
+            time.sleep(0.2)
+        raise UserError(f"run {task} (pid {data['pid']}) did not stop within 60s")
+    # Its supervisor is gone: clear whatever it left in the nodes, and say so in its record.
+    side = backend(lf, engine.client())
+    running = [name for name, (state, _) in side.status().items() if state == "running" and name in lf.lab.names]
+    executor = side.executor(running, via)
+    parallel(lambda name: executor.run(name, guard.stop([guard.run_key(task, "*")], force=True)), running)
+    data.update(state="finished", verdict="interrupted", exit_code=130, ended=time.time(),
+                problem=f"its supervisor (pid {data.get('pid')}) was gone; `tflab stop` cleared what it left")
+    runrecord.save(folder, data)
+    show_verdict(console(), lf, data, folder)

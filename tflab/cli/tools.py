@@ -1,0 +1,62 @@
+"""Tools around a lab: TensorBoard over the runs folder, and the host's doctor."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from tflab import doctor as doctor_checks
+from tflab import engine, guard, nodes
+from tflab.cli.common import LabOption, backend, console, open_lab
+from tflab.errors import UserError
+
+TENSORBOARD_KEY = "tensorboard"
+
+
+def tensorboard(
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the TensorBoard tflab started.")] = False,
+    lab: LabOption = Path("."),
+) -> None:
+    """Serve the shared runs folder with TensorBoard inside the chief node, published on the host."""
+    lf = open_lab(lab)
+    side = backend(lf, engine.client())
+    chief = lf.lab.chief
+    executor = side.executor([chief.name])
+    executor.run(chief.name, guard.stop([TENSORBOARD_KEY], grace_s=2.0))
+    if stop:
+        console().print(f"stopped TensorBoard on {chief.name}")
+        return
+    argv = ["tensorboard", "--logdir", "/runs", "--host", "0.0.0.0", "--port", "6006", "--reload_interval", "5"]
+    # Detached and not held: it lives until `tflab tensorboard --stop` or `tflab down`.
+    executor.spawn(chief.name, guard.serve_detached(TENSORBOARD_KEY, argv, "/tmp/tflab-tensorboard.log"),
+                   workdir="/runs")
+    host, port = side.ssh_targets()[chief.name][0], chief.tensorboard_port
+    url = f"http://{host}:{port}/"
+    if not nodes.wait_for_http(url, deadline=time.monotonic() + 90):
+        raise UserError(f"TensorBoard did not answer at {url} within 90s; its log: "
+                        f"`tflab exec {chief.name} -- cat /tmp/tflab-tensorboard.log`")
+    console().print(f"TensorBoard for {lf.runs_dir} (as /runs in {chief.name}): {url}")
+
+
+def doctor() -> None:
+    """Check the engine, compose v2, GPUs, the NVIDIA runtime, link shaping, disk and ports; say how to fix what is missing."""
+    checks = doctor_checks.run_checks()
+    table = Table(title="tflab doctor")
+    for column in ("check", "", "detail", "fix"):
+        table.add_column(column)
+    marks = {"ok": Text("ok", style="green"), "warn": Text("note", style="yellow"), "fail": Text("MISSING", style="bold red")}
+    for check in checks:
+        table.add_row(check.name, marks[check.status], check.detail, check.fix)
+    out = console()
+    out.print(table)
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        for check in failed:
+            out.print(f"missing: {check.name}: {check.detail}; fix: {check.fix}", soft_wrap=True)
+        raise typer.Exit(1)
+    out.print("ready for CPU labs" + ("" if any(c.name == "GPUs" and c.status == "ok" for c in checks) else " (no GPU here)"))

@@ -1,0 +1,339 @@
+"""How tflab runs processes in nodes: through `docker exec` (the SDK) or over SSH.
+
+An attached process keeps tflab's connection as its standard input: the in-node guard
+releases it on `go` and stops it when the connection ends, which happens when tflab closes
+it, and also when tflab dies (the engine or sshd closes it then). Its output is handed to
+`on_output` as it comes; `on_exit` is called exactly once, from a `finally`, whatever
+happens to the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.utils.socket import frames_iter
+
+from tflab.errors import EngineError, UserError
+
+log = logging.getLogger("tflab.executor")
+Output = Callable[[bytes, bool], None]  # (chunk, is_stderr)
+OnExit = Callable[[int | None, str | None], None]  # (exit code or None, why it is unknown)
+
+
+class Attached(Protocol):
+    """A process started in a node, attached to tflab."""
+
+    def release(self) -> None:
+        """Let a held process go on (the servers it needs serve now)."""
+
+    def close(self) -> None:
+        """End tflab's connection: the guard stops the process's group (TERM, then KILL)."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until its output has ended; whether it has."""
+
+
+class Executor(Protocol):
+    """Runs commands in the lab's nodes."""
+
+    def start(self, node: str, argv: Sequence[str], on_output: Output, on_exit: OnExit,
+              env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
+        """Start `argv` attached to tflab."""
+
+    def run(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+            workdir: str = "/") -> tuple[int, str]:
+        """Run `argv` to its end; its exit code and combined output."""
+
+    def spawn(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              workdir: str = "/") -> None:
+        """Start `argv` and leave it running in the node, detached from tflab."""
+
+
+def _safe(on_output: Output, errors: list[BaseException]) -> Output:
+    """`on_output` that never breaks the reading loop (the first error is kept for the caller)."""
+
+    def call(chunk: bytes, is_err: bool) -> None:
+        try:
+            on_output(chunk, is_err)
+        except Exception as exc:  # noqa: BLE001 - reported through on_exit's reason
+            if not errors:
+                errors.append(exc)
+
+    return call
+
+
+class _DockerProcess:
+    def __init__(self, api: docker.APIClient, exec_id: str, sock, container: Container) -> None:
+        self.api = api
+        self.exec_id = exec_id
+        self.sock = sock
+        self.container = container
+        self.ended = threading.Event()
+        self._lock = threading.Lock()
+
+    def _raw(self) -> socket.socket | None:
+        return getattr(self.sock, "_sock", None)
+
+    def release(self) -> None:
+        with self._lock:
+            raw = self._raw()
+            if raw is not None and not self.ended.is_set():
+                try:
+                    raw.sendall(b"go\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            raw = self._raw()
+            if raw is not None and not self.ended.is_set():
+                try:
+                    raw.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.ended.wait(timeout)
+
+    def pump(self, on_output: Output, on_exit: OnExit) -> None:
+        errors: list[BaseException] = []
+        reason: str | None = None
+        code: int | None = None
+        try:
+            emit = _safe(on_output, errors)
+            for stream, data in frames_iter(self.sock, tty=False):
+                if data:
+                    emit(data, stream == 2)
+        except Exception as exc:  # noqa: BLE001 - any break of the stream ends this process for us
+            reason = f"lost the connection to it ({type(exc).__name__}: {exc})"
+        finally:
+            try:
+                code, why = self._exit_status()
+                reason = why or reason
+            except Exception as exc:  # noqa: BLE001
+                reason = reason or f"cannot learn how it ended ({exc})"
+            try:
+                self.sock.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.ended.set()
+            on_exit(code, reason)
+
+    def _exit_status(self) -> tuple[int | None, str | None]:
+        """The exit code; None with a reason when the engine cannot tell (it may still run)."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                info = self.api.exec_inspect(self.exec_id)
+            except docker.errors.NotFound:
+                return None, "its container is gone"
+            except docker.errors.APIError as exc:
+                return None, f"the engine cannot say how it ended ({exc.explanation or exc})"
+            if not info.get("Running"):
+                break
+            if time.monotonic() > deadline:
+                return None, "lost the connection to it while it still ran"
+            time.sleep(0.05)
+        code = info.get("ExitCode")
+        try:
+            self.container.reload()
+            stopped = self.container.status != "running"
+        except docker.errors.DockerException:
+            stopped = True
+        if stopped:
+            return code, "its container stopped"
+        return (None, "the engine reported no exit code") if code is None else (int(code), None)
+
+
+class DockerExecutor:
+    """`docker exec` in the lab's containers, through the SDK."""
+
+    def __init__(self, client: docker.DockerClient, containers: Mapping[str, Container]) -> None:
+        self.client = client
+        self.containers = dict(containers)
+
+    def container(self, node: str) -> Container:
+        if node not in self.containers:
+            raise UserError(f"node {node} is not up; run `tflab up` first")
+        return self.containers[node]
+
+    def start(self, node: str, argv: Sequence[str], on_output: Output, on_exit: OnExit,
+              env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
+        container = self.container(node)
+        api = self.client.api
+        try:
+            exec_id = api.exec_create(container.id, list(argv), stdin=True, stdout=True, stderr=True,
+                                      tty=False, environment=dict(env or {}), workdir=workdir)["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"starting a process in {node} failed: {exc.explanation or exc}") from exc
+        process = _DockerProcess(api, exec_id, sock, container)
+        threading.Thread(target=process.pump, args=(on_output, on_exit), daemon=True,
+                         name=f"output-{node}").start()
+        return process
+
+    def run(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+            workdir: str = "/") -> tuple[int, str]:
+        return exec_quiet(self.client, self.container(node), argv, env, workdir)
+
+    def spawn(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              workdir: str = "/") -> None:
+        container = self.container(node)
+        try:
+            exec_id = self.client.api.exec_create(container.id, list(argv), environment=dict(env or {}),
+                                                  workdir=workdir)["Id"]
+            self.client.api.exec_start(exec_id, detach=True)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"starting {argv[0]} in {node} failed: {exc.explanation or exc}") from exc
+
+
+def exec_quiet(client: docker.DockerClient, container: Container, argv: Sequence[str],
+               env: Mapping[str, str] | None = None, workdir: str = "/") -> tuple[int, str]:
+    """Run `argv` in `container` to its end; its exit code and combined output."""
+    api = client.api
+    try:
+        exec_id = api.exec_create(container.id, list(argv), environment=dict(env or {}), workdir=workdir,
+                                  stdout=True, stderr=True, tty=False)["Id"]
+        output = api.exec_start(exec_id, stream=False)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+    except docker.errors.APIError as exc:
+        raise EngineError(f"running {argv[0]} in {container.name} failed: {exc.explanation or exc}") from exc
+    text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+    if code is None:
+        raise EngineError(f"running {argv[0]} in {container.name}: the engine reported no exit code")
+    return int(code), text
+
+
+class _SshProcess:
+    def __init__(self, child: subprocess.Popen) -> None:
+        self.child = child
+        self.ended = threading.Event()
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            try:
+                assert self.child.stdin is not None
+                self.child.stdin.write(b"go\n")
+                self.child.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                assert self.child.stdin is not None
+                self.child.stdin.close()
+            except (OSError, ValueError):
+                pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.ended.wait(timeout)
+
+    def pump(self, on_output: Output, on_exit: OnExit) -> None:
+        errors: list[BaseException] = []
+        emit = _safe(on_output, errors)
+        tail: list[bytes] = []
+        code: int | None = None
+        reason: str | None = None
+        try:
+            def read(stream, is_err: bool) -> None:
+                for chunk in iter(lambda: stream.read1(65536), b""):
+                    if is_err:
+                        tail[:] = (tail + [chunk])[-4:]
+                    emit(chunk, is_err)
+
+            err_thread = threading.Thread(target=read, args=(self.child.stderr, True), daemon=True)
+            err_thread.start()
+            read(self.child.stdout, False)
+            err_thread.join(10)
+            code = self.child.wait()
+            if code == 255:
+                last = b"".join(tail).decode(errors="replace").strip().splitlines()
+                code, reason = None, f"ssh failed: {last[-1] if last else 'no output'}"
+        except Exception as exc:  # noqa: BLE001
+            reason = f"lost the connection to it ({exc})"
+        finally:
+            self.ended.set()
+            on_exit(code, reason)
+
+
+class SshExecutor:
+    """Commands in nodes over SSH with the lab key, through each node's published port.
+
+    Used where a node runs on another host (swarm), and selectable with `--via ssh`.
+    """
+
+    def __init__(self, targets: Mapping[str, tuple[str, int]], key: str,
+                 runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> None:
+        self.targets = dict(targets)
+        self.key = key
+        self.runner = runner
+
+    def ssh_argv(self, node: str, remote: str) -> list[str]:
+        if node not in self.targets:
+            raise UserError(f"node {node} is not up; run `tflab up` first")
+        host, port = self.targets[node]
+        return [
+            "ssh", "-T", "-i", self.key, "-p", str(port), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=3", f"root@{host}", remote,
+        ]
+
+    @staticmethod
+    def remote(argv: Sequence[str], env: Mapping[str, str] | None, workdir: str) -> str:
+        """One shell line for sshd: the node's login environment is there already (entrypoint)."""
+        assigned = [f"{k}={v}" for k, v in (env or {}).items()]
+        return f"cd {shlex.quote(workdir)} && exec env {shlex.join([*assigned, *argv])}"
+
+    def start(self, node: str, argv: Sequence[str], on_output: Output, on_exit: OnExit,
+              env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
+        command = self.ssh_argv(node, self.remote(argv, env, workdir))
+        log.debug("ssh: %s", shlex.join(command))
+        try:
+            # Its own session: a Ctrl-C at the terminal reaches tflab, which stops things in order.
+            child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError as exc:
+            raise UserError("no ssh client on this host; install openssh-client") from exc
+        process = _SshProcess(child)
+        threading.Thread(target=process.pump, args=(on_output, on_exit), daemon=True,
+                         name=f"ssh-{node}").start()
+        return process
+
+    def run(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+            workdir: str = "/") -> tuple[int, str]:
+        return self._run_line(node, self.remote(argv, env, workdir))
+
+    def _run_line(self, node: str, line: str) -> tuple[int, str]:
+        try:
+            done = self.runner(self.ssh_argv(node, line), capture_output=True, stdin=subprocess.DEVNULL,
+                               timeout=600)
+        except FileNotFoundError as exc:
+            raise UserError("no ssh client on this host; install openssh-client") from exc
+        output = (done.stdout or b"") + (done.stderr or b"")
+        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+        if done.returncode == 255:
+            last = text.strip().splitlines()[-1] if text.strip() else "no output"
+            raise EngineError(f"cannot reach {node} over SSH: {last}")
+        return done.returncode, text
+
+    def spawn(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              workdir: str = "/") -> None:
+        assigned = [f"{k}={v}" for k, v in (env or {}).items()]
+        line = (f"cd {shlex.quote(workdir)} && nohup env {shlex.join([*assigned, *argv])} "
+                "</dev/null >/dev/null 2>&1 &")
+        code, out = self._run_line(node, line)
+        if code != 0:
+            raise EngineError(f"starting {argv[0]} in {node} over SSH failed: {out.strip()}")

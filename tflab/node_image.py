@@ -1,0 +1,123 @@
+"""The node image: TensorFlow, an SSH server and tflab's guard, on the lab's base image."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import docker
+import docker.errors
+
+from tflab import config as cfg
+from tflab.builds import BuildResult, Progress, image_exists, new_log
+from tflab.errors import EngineError
+
+
+def resolve_base(choice: str, has_gpus: bool, client: docker.DockerClient) -> str:
+    """The base image a lab's `image.base` means here.
+
+    `auto` is the official TensorFlow image when the engine has it or its registry answers,
+    else the local base that tflab builds itself (`tflab base`). `official` and `local`
+    name those; anything else is an image name used as it is.
+    """
+    official = cfg.OFFICIAL_GPU_BASE if has_gpus else cfg.OFFICIAL_BASE
+    local = cfg.LOCAL_GPU_BASE if has_gpus else cfg.LOCAL_BASE
+    if choice == "official":
+        return official
+    if choice == "local":
+        return local
+    if choice != cfg.AUTO_BASE:
+        return choice
+    if image_exists(client, official):
+        return official
+    if image_exists(client, local):
+        return local
+    return official if registry_reachable(client, official) else local
+
+
+def registry_reachable(client: docker.DockerClient, image: str) -> bool:
+    """Whether the engine can reach the registry of `image` (asks for its manifest, pulls nothing)."""
+    try:
+        client.api.inspect_distribution(image)
+    except Exception:  # noqa: BLE001 - any failure means: no registry for us
+        return False
+    return True
+
+
+def is_local_base(image: str) -> bool:
+    """Whether `image` is the base that `tflab base` builds."""
+    return image in (cfg.LOCAL_BASE, cfg.LOCAL_GPU_BASE)
+
+
+def tar_context(files: dict[str, bytes]) -> io.BytesIO:
+    """A build context as an in-memory tar (the context is a few small files)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            info.mode = 0o755 if name.endswith((".sh", ".py")) else 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(content))
+    buffer.seek(0)
+    return buffer
+
+
+def build_node(
+    client: docker.DockerClient, context: dict[str, bytes], tag: str, base: str, progress: Progress,
+    force: bool = False,
+) -> BuildResult:
+    """Build the node image as `tag` on `base` unless the engine has it already."""
+    if not force and image_exists(client, tag):
+        return BuildResult(tag, client.images.get(tag).id, built=False)
+    log_path = new_log("node")
+    progress.step(f"building the node image {tag} on {base}")
+    with log_path.open("w") as log:
+        try:
+            for chunk in client.api.build(
+                fileobj=tar_context(context), custom_context=True, tag=tag, rm=True, forcerm=True,
+                decode=True, buildargs={"BASE_IMAGE": base}, labels={"tflab.image": "node"},
+            ):
+                if "stream" in chunk:
+                    text = chunk["stream"]
+                    log.write(text)
+                    if text.strip():
+                        progress.detail(text.strip())
+                elif "status" in chunk:
+                    log.write(f"{chunk['status']} {chunk.get('progress', '')}\n")
+                    progress.detail(f"{chunk['status']} {chunk.get('id', '')}".strip())
+                elif "error" in chunk:
+                    log.write(chunk["error"] + "\n")
+                    raise EngineError(node_build_advice(chunk["error"], str(log_path)))
+        except docker.errors.APIError as exc:
+            log.write(str(exc) + "\n")
+            raise EngineError(node_build_advice(str(exc), str(log_path))) from exc
+    return BuildResult(tag, client.images.get(tag).id, built=True, log=log_path)
+
+
+def node_build_advice(error: str, log_path: str) -> str:
+    """One sentence on a failed node build: what failed, what to do, where the log is."""
+    first = error.strip().splitlines()[0] if error.strip() else "unknown error"
+    if any(s in error for s in ("pull access denied", "not found", "no such host", "dial tcp")):
+        return (
+            f"the node image's base could not be pulled ({first}); with no registry, "
+            f"generate the lab with --base local (tflab builds that base itself); log: {log_path}"
+        )
+    return f"building the node image failed: {first}; log: {log_path}"
+
+
+def pull(client: docker.DockerClient, ref: str, progress: Progress) -> None:
+    """Pull a base image from its registry, or say how to do without one."""
+    repository, _, tag = ref.partition(":")
+    progress.step(f"pulling {ref}")
+    try:
+        for chunk in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+            if "status" in chunk:
+                progress.detail(f"pull {ref}: {chunk['status']} {chunk.get('progress', '')}".strip())
+            if "error" in chunk:
+                raise docker.errors.APIError(chunk["error"])
+    except docker.errors.APIError as exc:
+        raise EngineError(
+            f"cannot pull {ref} ({str(exc).splitlines()[0][:160]}); with no registry, generate the "
+            "lab with --base local (tflab builds that base itself)"
+        ) from exc

@@ -1,0 +1,40 @@
+"""Every way of being told to stop becomes one call: SIGINT, SIGTERM, SIGHUP, and `tflab stop`."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+REASONS = {
+    signal.SIGINT: "interrupted (Ctrl-C)",
+    signal.SIGTERM: "stopped (SIGTERM)",
+    signal.SIGHUP: "the terminal closed (SIGHUP)",
+    signal.SIGUSR1: "stopped by `tflab stop`",
+}
+
+
+@contextmanager
+def stop_signals(on_stop: Callable[[str, bool], None]) -> Iterator[None]:
+    """While inside, each of these signals calls `on_stop(reason, force)`; a second one forces.
+
+    `on_stop` runs in the main thread between two bytecodes: it may only do what is safe
+    there (queue.SimpleQueue.put, or raise to abort a wait).
+    """
+    received = [0]
+
+    def handler(signum: int, _frame: object) -> None:
+        received[0] += 1
+        on_stop(REASONS.get(signum, f"signal {signum}"), received[0] > 1)
+
+    previous = {}
+    for signum in REASONS:
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread: nothing to catch here
+            pass
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
