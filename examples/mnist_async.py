@@ -65,6 +65,9 @@ def wait_for_chief(target: str, config, uninitialized) -> None:
 
 def main() -> None:
     args = parse_args()
+    # TF1's hooks warn whenever another worker moved the global step first: normal when training
+    # asynchronously, and it would drown the output.
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     tf.compat.v1.disable_eager_execution()
     limit_gpu_memory(tf)
     ps_hosts, worker_hosts = args.ps_hosts.split(","), args.worker_hosts.split(",")

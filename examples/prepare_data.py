@@ -2,7 +2,9 @@
 
     python examples/prepare_data.py DATA_DIR
 
-writes DATA_DIR/digits.npz (a fixed train/test split). Put real MNIST files in DATA_DIR
+writes DATA_DIR/digits.npz (a fixed train/test split). tflab ships the file this script
+wrote (examples/data/digits.npz, written into a lab's data/ by `tflab gen`); run it only to
+make it again (it needs scikit-learn on the host). Put real MNIST files in DATA_DIR
 instead (train-images-idx3-ubyte[.gz] and the three others, or mnist.npz) and the
 examples use those.
 """

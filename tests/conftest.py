@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,11 +129,14 @@ class LabFactory:
         from tflab import lab as lab_ops
 
         for project in self.projects:
-            lab_ops.down(project, self.client)
             # Swarm labs are stacks: their services carry the label too (when this engine is a swarm).
             if self.client.info().get("Swarm", {}).get("ControlAvailable"):
-                for service in self.client.services.list(filters={"label": f"tflab.lab={project}"}):
-                    service.remove()
+                subprocess.run(["docker", "stack", "rm", project], capture_output=True)
+                for _ in range(120):
+                    if not self.client.containers.list(all=True, filters={"label": f"tflab.lab={project}"}):
+                        break
+                    time.sleep(0.5)
+            lab_ops.down(project, self.client)
 
 
 @pytest.fixture

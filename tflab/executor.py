@@ -79,6 +79,7 @@ class _DockerProcess:
         self.sock = sock
         self.container = container
         self.ended = threading.Event()
+        self.closing = False
         self._lock = threading.Lock()
 
     def _raw(self) -> socket.socket | None:
@@ -95,6 +96,7 @@ class _DockerProcess:
 
     def close(self) -> None:
         with self._lock:
+            self.closing = True
             raw = self._raw()
             if raw is not None and not self.ended.is_set():
                 try:
@@ -129,6 +131,20 @@ class _DockerProcess:
             self.ended.set()
             on_exit(code, reason)
 
+    def _container_stopping(self, wait_s: float) -> bool:
+        """Whether the container is stopping or gone (a killed process may be the first sign of it)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.container.reload()
+                if self.container.status != "running":
+                    return True
+            except docker.errors.DockerException:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
     def _exit_status(self) -> tuple[int | None, str | None]:
         """The exit code; None with a reason when the engine cannot tell (it may still run)."""
         deadline = time.monotonic() + 2.0
@@ -145,11 +161,9 @@ class _DockerProcess:
                 return None, "lost the connection to it while it still ran"
             time.sleep(0.05)
         code = info.get("ExitCode")
-        try:
-            self.container.reload()
-            stopped = self.container.status != "running"
-        except docker.errors.DockerException:
-            stopped = True
+        # A process killed from outside may be the first sign that its container is stopping.
+        unexpected = code in (None, 137, 143) and not self.closing
+        stopped = self._container_stopping(wait_s=3.0 if unexpected else 0.0)
         if stopped:
             return code, "its container stopped"
         return (None, "the engine reported no exit code") if code is None else (int(code), None)

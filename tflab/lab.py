@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import docker
@@ -18,6 +21,7 @@ from tflab.engine import Compose, find_compose
 from tflab.errors import EngineError, UserError
 from tflab.executor import DockerExecutor, Executor, SshExecutor
 from tflab.labfiles import LabFiles
+from tflab.threads import parallel
 
 STATE_FILE = ".tflab-state.json"
 READY_TIMEOUT_S = 120.0
@@ -80,7 +84,20 @@ def syncs(lf: LabFiles) -> list[Sync]:
     return out
 
 
-def copy_changed(lf: LabFiles, client: docker.DockerClient, containers: dict, progress: Progress) -> list[str]:
+@dataclass(frozen=True)
+class CopyTarget:
+    """Where `up` copies a node's files: the id its copy is remembered by, and how to put an archive there."""
+
+    ident: str
+    put: Callable[[Path, str, tuple[str, ...]], None]  # (archive, target folder, files to remove)
+
+
+def docker_targets(client: docker.DockerClient, containers: dict) -> dict[str, CopyTarget]:
+    """Copy targets for containers of this host's engine."""
+    return {name: CopyTarget(c.id, partial(nodes.copy_into, client, c)) for name, c in containers.items()}
+
+
+def copy_changed(lf: LabFiles, targets: dict[str, CopyTarget], progress: Progress) -> list[str]:
     """Copy into every node the files of code and data that changed since its last copy.
 
     Each node's copy is remembered by file (size and mtime); only new and changed files
@@ -92,8 +109,8 @@ def copy_changed(lf: LabFiles, client: docker.DockerClient, containers: dict, pr
     for sync in syncs(lf):
         manifest = nodes.manifest(sync.source, exclude=lf.root)
         work: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
-        for name, container in containers.items():
-            old = state.get(container.id, {}).get(sync.kind)
+        for name, target in targets.items():
+            old = state.get(target.ident, {}).get(sync.kind)
             old = old if isinstance(old, dict) else {}
             if old == manifest:
                 continue
@@ -107,18 +124,14 @@ def copy_changed(lf: LabFiles, client: docker.DockerClient, containers: dict, pr
         for (changed, removed), names in work.items():
             archive = nodes.pack(sync.source, list(changed))
             try:
-                with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
-                    list(pool.map(
-                        lambda name: nodes.copy_into(client, containers[name], archive, sync.target, removed),
-                        names,
-                    ))
+                parallel(lambda name: targets[name].put(archive, sync.target, removed), names, name="copy")
             finally:
                 archive.unlink(missing_ok=True)
             for name in names:
-                state.setdefault(containers[name].id, {})[sync.kind] = manifest
+                state.setdefault(targets[name].ident, {})[sync.kind] = manifest
                 copied.append(f"{sync.kind}→{name}")
-    live = {c.id for c in containers.values()}
-    _save_state(lf, {cid: v for cid, v in state.items() if cid in live})
+    live = {t.ident for t in targets.values()}
+    _save_state(lf, {ident: v for ident, v in state.items() if ident in live})
     return copied
 
 
@@ -155,29 +168,29 @@ def up(lf: LabFiles, client: docker.DockerClient, compose: Compose, progress: Pr
     progress.step(f"starting {len(lf.lab.nodes)} nodes")
     compose("up", "-d", "--remove-orphans", "--quiet-pull")
     containers = nodes.lab_containers(client, lf.project)
-    wait_ready(lf, containers, progress)
-    return copy_changed(lf, client, containers, progress)
-
-
-def wait_ready(lf: LabFiles, containers: dict, progress: Progress) -> None:
-    """Wait until every node's sshd answers on its published port, all nodes at once."""
     host = connect_host(lf.lab.topology.bind)
+    wait_ready({n.name: (host, n.ssh_port) for n in lf.lab.nodes}, containers, progress)
+    return copy_changed(lf, docker_targets(client, containers), progress)
+
+
+def wait_ready(targets: dict[str, tuple[str, int]], containers: dict, progress: Progress) -> None:
+    """Wait until every node's sshd answers on its published port, all nodes at once."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    progress.step(f"waiting for {len(lf.lab.nodes)} sshd(s) on {host}")
-    with ThreadPoolExecutor(max_workers=min(32, len(lf.lab.nodes))) as pool:
-        ready = dict(zip(lf.lab.nodes, pool.map(
-            lambda node: nodes.wait_for_ssh(host, node.ssh_port, deadline), lf.lab.nodes)))
-    late = [node for node, ok in ready.items() if not ok]
+    progress.step(f"waiting for {len(targets)} sshd(s)")
+    names = list(targets)
+    ready = dict(zip(names, parallel(lambda name: nodes.wait_for_ssh(*targets[name], deadline), names, name="ssh")))
+    late = [name for name, ok in ready.items() if not ok]
     if late:
-        node = late[0]
-        container = containers.get(node.name)
+        name = late[0]
+        host, port = targets[name]
+        container = containers.get(name)
         tail = ""
         if container is not None:
             logs = container.logs(tail=3).decode(errors="replace").strip()
             tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
         raise EngineError(
-            f"{node.name} did not answer SSH on {host}:{node.ssh_port} within "
-            f"{READY_TIMEOUT_S:.0f}s{tail}; see `tflab logs {node.name}`"
+            f"{name} did not answer SSH on {host}:{port} within {READY_TIMEOUT_S:.0f}s{tail}; "
+            f"see `tflab logs {name}`"
         )
 
 
@@ -197,8 +210,9 @@ def down(project: str, client: docker.DockerClient) -> tuple[int, int]:
         for network in networks:
             try:
                 network.remove()
-            except docker.errors.NotFound:
-                pass
+            except docker.errors.APIError as exc:
+                if "not found" not in str(exc.explanation or exc).lower():
+                    raise  # gone meanwhile is fine (a swarm removes its own)
     except docker.errors.APIError as exc:
         raise EngineError(f"removing the lab {project} failed: {exc.explanation or exc}; "
                           "run `tflab down` again, or `docker rm -f` what `tflab status` lists") from exc
@@ -208,8 +222,9 @@ def down(project: str, client: docker.DockerClient) -> tuple[int, int]:
 def _remove(container) -> None:
     try:
         container.remove(force=True, v=True)
-    except docker.errors.NotFound:
-        pass
+    except docker.errors.APIError as exc:
+        if "no such container" not in str(exc.explanation or exc).lower() and not isinstance(exc, docker.errors.NotFound):
+            raise
 
 
 class ComposeLab:
@@ -253,6 +268,7 @@ class ComposeLab:
             return SshExecutor({name: targets[name] for name in names}, str(self.lf.private_key))
         return DockerExecutor(self.client, containers)
 
-    def logs_argv(self, node: str | None, follow: bool, tail: str) -> list[str]:
+    def logs(self, node: str | None, follow: bool, tail: str) -> int:
+        """Show the nodes' logs (compose's own command); its exit code."""
         args = ["logs", "--tail", tail] + (["--follow"] if follow else []) + ([node] if node else [])
-        return [*find_compose(), "-f", str(self.lf.compose_path), "-p", self.lf.project, *args]
+        return subprocess.call([*find_compose(), "-f", str(self.lf.compose_path), "-p", self.lf.project, *args])

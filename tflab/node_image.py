@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import tarfile
+import tempfile
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -11,6 +15,7 @@ import docker.errors
 from tflab import config as cfg
 from tflab.builds import BuildResult, Progress, image_exists, new_log
 from tflab.errors import EngineError
+from tflab.nodes import manifest
 
 
 def resolve_base(choice: str, has_gpus: bool, client: docker.DockerClient) -> str:
@@ -121,3 +126,48 @@ def pull(client: docker.DockerClient, ref: str, progress: Progress) -> None:
             f"cannot pull {ref} ({str(exc).splitlines()[0][:160]}); with no registry, generate the "
             "lab with --base local (tflab builds that base itself)"
         ) from exc
+
+
+def bake_context(node_tag: str, folders: dict[str, tuple[Path, dict[str, list[int]]]]) -> Path:
+    """A build context: the node image with folders copied in (`/workspace`: the code, `/data`: the data)."""
+    lines = [f"FROM {node_tag}"]
+    handle = tempfile.NamedTemporaryFile(prefix="tflab-bake-", suffix=".tar", delete=False)
+    with tarfile.open(fileobj=handle, mode="w", dereference=True) as tar:
+        for target, (source, files) in folders.items():
+            inside = target.strip("/")
+            for relative in files:
+                tar.add(source / relative, arcname=f"{inside}/{relative}", recursive=False)
+            lines.append(f"COPY {inside}/ /{inside}/")
+        dockerfile = ("\n".join(lines) + "\n").encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    handle.close()
+    return Path(handle.name)
+
+
+def bake(client: docker.DockerClient, node_tag: str, folders: dict[str, Path], tag: str | None,
+         progress: Progress) -> BuildResult:
+    """An image for clusters that get no copies: the node image with the lab's code (and data) inside."""
+    manifests = {target: (source, manifest(source)) for target, source in folders.items()}
+    digest = hashlib.sha256(node_tag.encode())
+    for target, (_source, files) in sorted(manifests.items()):
+        digest.update(json.dumps([target, files], sort_keys=True).encode())
+    tag = tag or f"tflab-baked:{digest.hexdigest()[:16]}"
+    if image_exists(client, tag) and client.images.get(tag).labels.get("tflab.baked") == digest.hexdigest():
+        return BuildResult(tag, client.images.get(tag).id, built=False)
+    progress.step(f"baking {', '.join(folders)} into {tag}")
+    context = bake_context(node_tag, manifests)
+    log_path = new_log("bake")
+    try:
+        with context.open("rb") as data, log_path.open("w") as log:
+            for chunk in client.api.build(fileobj=data, custom_context=True, tag=tag, rm=True, forcerm=True,
+                                          decode=True, labels={"tflab.image": "baked", "tflab.baked": digest.hexdigest()}):
+                if "stream" in chunk:
+                    log.write(chunk["stream"])
+                    progress.detail(chunk["stream"].strip())
+                elif "error" in chunk:
+                    raise EngineError(f"baking {tag} failed: {chunk['error'].strip()}; log: {log_path}")
+    finally:
+        context.unlink(missing_ok=True)
+    return BuildResult(tag, client.images.get(tag).id, built=True, log=log_path)

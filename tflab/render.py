@@ -14,6 +14,7 @@ import jinja2
 from tflab import config as cfg
 from tflab import links, resources
 from tflab.config import COMPOSE_FILE, LabConfig
+from tflab.errors import UserError
 from tflab.model import Lab
 
 
@@ -97,6 +98,42 @@ def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
         volumes=volumes(config),
         link_env=links.environment(config.links),
         compose_file=COMPOSE_FILE,
+    )
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def size_bytes(size: str) -> int:
+    """A Docker size (`2g`, `512m`, `1073741824`) in bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
+    if not match or match.group(2).lower() not in SIZE_UNITS:
+        raise UserError(f"{size!r} is not a size: write a number and a unit, such as 2g or 512m")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+
+
+def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_names: tuple[str, str]) -> str:
+    """The swarm stack file's text for `lab` (absolute paths: swarm does not read them relative)."""
+    nodes = node_values(lab)
+    for node in nodes:
+        node["place"] = config.swarm.place.get(node["name"])
+    mounts = [Volume(str((lab_dir / config.runs).resolve()), "/runs", False)]
+    if config.data and config.data_mode == "mount":
+        mounts.append(Volume(str((lab_dir / config.data).resolve()), "/data", True))
+    return render(
+        "docker-stack.yml.j2",
+        stack=project_name(config.name, lab_dir),
+        stack_file=cfg.STACK_FILE,
+        nodes=nodes,
+        image=image,
+        memlock=config.memlock,
+        link_env=links.environment(config.links),
+        volumes=mounts,
+        shm_bytes=size_bytes(config.shm_size),
+        key_secret=secret_names[0],
+        pub_secret=secret_names[1],
+        private_key=str(lab_dir / cfg.KEYS_DIR / "id_ed25519"),
+        public_key=str(lab_dir / cfg.KEYS_DIR / "id_ed25519.pub"),
     )
 
 

@@ -62,14 +62,16 @@ def gpu_map(lab: Lab, host_gpus: Sequence[Gpu]) -> Text | None:
     return picture
 
 
-def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str, links: Links | None = None) -> Table:
+def status_table(lab: Lab, states: Mapping[str, tuple[str, str]], bind: str, links: Links | None = None,
+                 swarm: bool = False) -> Table:
     """node, role, GPUs, state, health, ports: what `status` prints (and the links, when shaped)."""
-    caption = f"ports are published on {bind}"
+    caption = ("ports are published on the swarm node each runs on (mode host)" if swarm
+               else f"ports are published on {bind}")
     if links:
         caption += f"; links: {links.describe()} (each node's egress)"
     table = Table(caption=caption)
     for column in ("node", "role", "GPUs", "state", "health", "SSH", "TensorBoard"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("node", "role", "state"))
     for node in lab.nodes:
         state, health = states.get(node.name, ("absent", "-"))
         colour = "green" if state == "running" and health in ("healthy", "-") else "red"

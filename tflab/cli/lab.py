@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tflab import base_image, engine, hostsettings, lab as lab_ops, proc, views
+from tflab import base_image, engine, hostsettings, lab as lab_ops, node_image, proc, views
 from tflab.cli.common import LabOption, backend, console, open_lab, progress
 
 
@@ -37,6 +36,8 @@ def base(
 
 def build(
     force: Annotated[bool, typer.Option(help="Build again even if the image exists.")] = False,
+    bake: Annotated[bool, typer.Option(help="Also make an image with the lab's code in /workspace (and its data in /data), for Kubernetes.")] = False,
+    tag: Annotated[str | None, typer.Option(help="With --bake: the baked image's tag (default tflab-baked:HASH).")] = None,
     lab: LabOption = Path("."),
 ) -> None:
     """Build the lab's node image (skipped when an image of the same inputs exists)."""
@@ -44,8 +45,16 @@ def build(
     client = engine.client()
     with progress("node image") as report:
         result = lab_ops.ensure_image(lf, client, report, force=force)
+        if bake:
+            folders = {sync.target: sync.source for sync in lab_ops.syncs(lf)}
+            baked = node_image.bake(client, result.tag, folders, tag, report)
     if lf.config.target == "compose":
         lf.write_compose(result.tag)
+    if bake:
+        console().print(f"{'baked' if baked.built else 'up to date:'} {baked.tag} ({baked.image_id[7:19]}): "
+                        f"{' and '.join(sorted(folders))} inside; `tflab render k8s --image {baked.tag}` "
+                        "once it is pushed where the cluster pulls from", soft_wrap=True)
+        return
     if result.built:
         console().print(f"built {result.tag} ({result.image_id[7:19]}); log: {result.log}")
     else:
@@ -59,7 +68,8 @@ def up(lab: LabOption = Path(".")) -> None:
     with progress("up") as report:
         copied = side.up(report)
     out = console()
-    out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links))
+    out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links,
+                                 swarm=lf.config.target == "swarm"))
     if copied:
         out.print("copied: " + ", ".join(copied))
     out.print(f"ready: {len(lf.lab.nodes)} nodes; shared runs folder {lf.runs_dir}")
@@ -70,7 +80,8 @@ def status(lab: LabOption = Path(".")) -> None:
     lf = open_lab(lab)
     states = backend(lf, engine.client()).status()
     out = console()
-    out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links))
+    out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links,
+                                 swarm=lf.config.target == "swarm"))
     picture = views.gpu_map(lf.lab, lf.config.gpus)
     if picture is not None:
         out.print(picture)
@@ -88,9 +99,9 @@ def logs(
     lf = open_lab(lab)
     if node is not None:
         lf.lab.node(node)
-    argv = backend(lf, engine.client()).logs_argv(node, follow, tail)
+    side = backend(lf, engine.client())
     try:
-        sys.exit(subprocess.call(argv))
+        sys.exit(side.logs(node, follow, tail))
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -1,0 +1,74 @@
+"""A lab on a real (one-node) Docker Swarm: up, status, run (docker exec and SSH), down."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from test_docker_run import lines_of
+from tflab import labfiles
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.swarm]
+
+
+@pytest.fixture(scope="module")
+def swarm(docker_client):
+    """This engine as a one-node swarm; left again afterwards if this test made it one."""
+    state = (docker_client.info().get("Swarm") or {}).get("LocalNodeState")
+    made = state != "active"
+    if made:
+        subprocess.run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], check=True, capture_output=True)
+    yield docker_client
+    if made:
+        subprocess.run(["docker", "swarm", "leave", "--force"], check=True, capture_output=True)
+
+
+def complete_checkpoint(run_dir: Path) -> bool:
+    final = Path((run_dir / "checkpoint").read_text().splitlines()[0].split('"')[1]).name
+    return all((run_dir / f"{final}{suffix}").is_file() for suffix in (".index", ".meta", ".data-00000-of-00001"))
+
+
+def test_a_compose_only_engine_is_told_how_to_make_a_swarm(labs, runner, docker_client) -> None:
+    if (docker_client.info().get("Swarm") or {}).get("LocalNodeState") == "active":
+        pytest.skip("this engine is a swarm already (the message is for engines that are not)")
+    lab = labs.gen("--target", "swarm", nodes=2)
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 2
+    assert up.stderr.strip().splitlines()[-1] == (
+        "tflab: error: this engine is not part of a swarm: `docker swarm init` makes this host a one-node swarm, "
+        "or join it to yours (README: Beyond one host)")
+
+
+def test_a_swarm_lab_trains_over_docker_exec_and_over_ssh_and_goes_away(swarm, labs, runner) -> None:
+    lab = labs.gen("--target", "swarm", nodes=4)
+    lf = labfiles.open_lab(lab)
+    label = {"label": f"tflab.lab={lf.project}"}
+    try:
+        up = runner.invoke(cli, ["up", "--lab", str(lab)])
+        assert up.exit_code == 0, up.stdout + up.stderr
+        assert (lab / "docker-stack.yml").is_file()
+        status = runner.invoke(cli, ["status", "--lab", str(lab)])
+        rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines() if line.startswith("│ ")}
+        assert set(rows) == {"ps0", "worker0", "worker1", "worker2"}, status.stdout
+        assert all("running" in row for row in rows.values()), status.stdout
+        assert "ports are published on the swarm node each runs on" in status.stdout
+
+        for via in ("docker", "ssh"):
+            trained = runner.invoke(cli, ["run", "train", "--via", via, "--lab", str(lab)])
+            assert trained.exit_code == 0, trained.stdout[-3000:]
+            accuracy = [line for line in lines_of(trained.stdout, "worker0") if "test accuracy" in line]
+            assert accuracy and float(accuracy[-1].split()[-1]) >= 0.9, (via, accuracy)
+            assert complete_checkpoint(lf.runs_dir / "train"), via
+
+        hello = runner.invoke(cli, ["exec", "--lab", str(lab), "worker2", "--", "getent", "hosts", "ps0"])
+        assert hello.exit_code == 0 and hello.stdout.split()[1:] == ["ps0"], hello.stdout
+        down = runner.invoke(cli, ["down", "--lab", str(lab)])
+        assert down.exit_code == 0, down.stderr
+        assert swarm.services.list(filters=label) == []
+        assert swarm.containers.list(all=True, filters=label) == []
+        assert swarm.networks.list(filters=label) == []
+    finally:
+        subprocess.run(["docker", "stack", "rm", lf.project], capture_output=True)

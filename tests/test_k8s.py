@@ -1,0 +1,158 @@
+"""Kubernetes manifests of a lab, checked offline against the CRD schemas (strictly) and the webhook's rules."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import cli
+from tflab import config as cfg
+from tflab import k8s, labfiles, validate
+from tflab.gpus import Gpu
+from tflab.model import Topology
+
+TRAIN = cfg.Task("train", "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
+                          "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --log_dir={run_dir}")
+
+
+def lab(tmp_path: Path, **topology) -> labfiles.LabFiles:
+    config = cfg.LabConfig(name="Ref Lab", topology=Topology(**topology), gpus=tuple(Gpu(i) for i in range(8)),
+                           tasks={"train": TRAIN})
+    return labfiles.write_lab(config, tmp_path / "lab", force=False)
+
+
+def container(replica: dict) -> dict:
+    return replica["template"]["spec"]["containers"][0]
+
+
+def test_reference_tfjob_by_value(tmp_path: Path) -> None:
+    lf = lab(tmp_path, nodes=4, gpus_per_node=2)
+    job = k8s.tfjob(lf, "registry.example/lab:1", TRAIN, "tflab-runs")
+    assert k8s.problems_of(job) == []
+    assert (job["apiVersion"], job["kind"], job["metadata"]["name"]) == ("kubeflow.org/v1", "TFJob", "ref-lab")
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running"}
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {kind: spec["replicas"] for kind, spec in specs.items()} == {"PS": 1, "Worker": 3}
+    for spec in specs.values():
+        worker = container(spec)
+        assert worker["name"] == "tensorflow" and worker["image"] == "registry.example/lab:1"
+        assert worker["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+        assert "TF_CONFIG" not in {e["name"] for e in worker["env"]}  # the operator injects it
+        assert {"name": "runs", "persistentVolumeClaim": {"claimName": "tflab-runs"}} in spec["template"]["spec"]["volumes"]
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2048Mi"}} in spec["template"]["spec"]["volumes"]
+    assert container(specs["Worker"])["args"][0].endswith(
+        "exec python /workspace/mnist_async.py --job_name=${TFLAB_JOB_NAME} --task_index=${TFLAB_TASK_INDEX} "
+        "--ps_hosts=${TFLAB_PS_HOSTS} --worker_hosts=${TFLAB_WORKER_HOSTS} --log_dir=/runs/train")
+
+
+def test_reference_jobset_writes_tf_config_with_the_pods_host_names(tmp_path: Path) -> None:
+    lf = lab(tmp_path, nodes=4, gpus_per_node=2)
+    jobset = k8s.jobset(lf, "registry.example/lab:1", TRAIN, "runs-claim")
+    assert k8s.problems_of(jobset) == []
+    assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["worker0"]}
+    jobs = {job["name"]: job for job in jobset["spec"]["replicatedJobs"]}
+    assert list(jobs) == ["ps0", "worker0", "worker1", "worker2"] and all(j["replicas"] == 1 for j in jobs.values())
+    pod = jobs["worker1"]["template"]["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"ps": ["ref-lab-ps0-0-0.ref-lab:2222"],
+                    "worker": ["ref-lab-worker0-0-0.ref-lab:2222", "ref-lab-worker1-0-0.ref-lab:2222",
+                               "ref-lab-worker2-0-0.ref-lab:2222"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    assert pod["containers"][0]["args"] == [
+        "exec python /workspace/mnist_async.py --job_name=worker --task_index=1 --ps_hosts=ref-lab-ps0-0-0.ref-lab:2222 "
+        "--worker_hosts=ref-lab-worker0-0-0.ref-lab:2222,ref-lab-worker1-0-0.ref-lab:2222,"
+        "ref-lab-worker2-0-0.ref-lab:2222 --log_dir=/runs/train"]
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+    assert pod["restartPolicy"] == "Never"
+
+
+def test_chief_and_evaluator_labs(tmp_path: Path) -> None:
+    lf = lab(tmp_path, nodes=3, chief=True, evaluator=True)
+    job = k8s.tfjob(lf, "img:1", TRAIN, "runs")
+    assert k8s.problems_of(job) == []
+    assert {k: v["replicas"] for k, v in job["spec"]["tfReplicaSpecs"].items()} == {
+        "PS": 1, "Worker": 2, "Chief": 1, "Evaluator": 1}
+    assert "resources" not in container(job["spec"]["tfReplicaSpecs"]["Chief"])  # a CPU lab
+    jobset = k8s.jobset(lf, "img:1", TRAIN, "runs")
+    assert k8s.problems_of(jobset) == []
+    jobs = {j["name"]: j for j in jobset["spec"]["replicatedJobs"]}
+    assert list(jobs) == ["ps0", "worker0", "worker1", "chief", "evaluator"]
+    assert jobset["spec"]["successPolicy"]["targetReplicatedJobs"] == ["chief"]
+    env = {e["name"]: e["value"] for e in jobs["evaluator"]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    tf_config = json.loads(env["TF_CONFIG"])
+    assert tf_config["task"] == {"type": "evaluator", "index": 0}
+    assert tf_config["cluster"]["chief"] == ["ref-lab-chief-0-0.ref-lab:2222"]
+    assert "evaluator" not in tf_config["cluster"]
+
+
+def test_a_misspelled_field_fails_the_strict_check_that_the_plain_schema_lets_through(tmp_path: Path) -> None:
+    lf = lab(tmp_path, nodes=4, gpus_per_node=2)
+    job = k8s.tfjob(lf, "img:1", TRAIN, "runs")
+    job["spec"]["tfReplicaSpecs"]["Worker"]["restartPolice"] = "Never"
+    assert validate.schema_problems(job, validate.TFJOB_SCHEMA, strict=False) == []
+    assert k8s.problems_of(job) == ["spec.tfReplicaSpecs.Worker: 'restartPolice' is not a field here"]
+    jobset = k8s.jobset(lf, "img:1", TRAIN, "runs")
+    jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolisy"] = "x"
+    assert k8s.problems_of(jobset) == [
+        "spec.replicatedJobs[1].template.spec.template.spec.containers[0]: 'imagePullPolisy' is not a field here"]
+
+
+def test_the_webhooks_rules(tmp_path: Path) -> None:
+    lf = lab(tmp_path, nodes=3, chief=True)
+    good = k8s.tfjob(lf, "img:1", TRAIN, "runs")
+    two_chiefs = copy.deepcopy(good)
+    two_chiefs["spec"]["tfReplicaSpecs"]["Master"] = copy.deepcopy(good["spec"]["tfReplicaSpecs"]["Chief"])
+    assert "spec.tfReplicaSpecs has more than one Chief/Master" in k8s.problems_of(two_chiefs)
+    bad = copy.deepcopy(good)
+    bad["metadata"]["name"] = "Ref_Lab"
+    bad["spec"]["runPolicy"]["cleanPodPolicy"] = "Sometimes"
+    bad["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] = "Maybe"
+    container(bad["spec"]["tfReplicaSpecs"]["PS"])["name"] = "tf"
+    assert k8s.problems_of(bad) == [
+        "metadata.name 'Ref_Lab' is not a DNS-1035 label",
+        "spec.runPolicy.cleanPodPolicy 'Sometimes' is not one of All, Running, None",
+        "spec.tfReplicaSpecs.PS: no container named tensorflow",
+        "spec.tfReplicaSpecs.Worker.restartPolicy 'Maybe' is not one of Always, OnFailure, Never, ExitCode",
+    ]
+
+
+def test_render_k8s_writes_a_validated_manifest_or_nothing(runner, tmp_path: Path) -> None:
+    lf = lab(tmp_path, nodes=4, gpus_per_node=2)
+    out = tmp_path / "tfjob.yaml"
+    result = runner.invoke(cli, ["render", "k8s", "--lab", str(lf.root), "--image", "reg.example/lab:1",
+                                 "--runs-claim", "my-runs", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    written = yaml.safe_load(out.read_text())
+    assert written["kind"] == "TFJob" and k8s.problems_of(written) == []
+    assert written["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "my-runs"}
+    printed = runner.invoke(cli, ["render", "k8s", "--lab", str(lf.root), "--kind", "jobset", "--image", "x:1"])
+    assert printed.exit_code == 0 and yaml.safe_load(printed.stdout)["kind"] == "JobSet"
+    for args, message in ((["--kind", "deployment", "--image", "x"], "--kind must be tfjob or jobset, not 'deployment'"),
+                          ([], "render k8s needs --image"),
+                          (["--image", "x", "--task", "nope"], "no task 'nope' in tflab.yaml")):
+        target = tmp_path / "never.yaml"
+        failed = runner.invoke(cli, ["render", "k8s", "--lab", str(lf.root), "-o", str(target), *args])
+        assert failed.exit_code == 2 and message in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
+        assert not target.exists()
+
+
+@pytest.mark.parametrize("name", [validate.TFJOB_SCHEMA, validate.JOBSET_SCHEMA, validate.STACK_SCHEMA])
+def test_the_shipped_schemas_are_the_recorded_copies(name: str) -> None:
+    import hashlib
+
+    from tflab import resources
+
+    folder = resources.path(resources.SCHEMAS)
+    recorded = dict(line.split()[::-1] for line in (folder / "README.md").read_text().splitlines()
+                    if line.endswith(".json") and len(line.split()) == 2)
+    assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == recorded[name]
+    shared = Path(__file__).resolve().parents[2] / "shared" / "schemas" / name
+    if shared.is_file():  # beside the project's shared folder: the very same files
+        assert (folder / name).read_bytes() == shared.read_bytes()

@@ -1,0 +1,78 @@
+"""The swarm stack file, by meaning, against the v3.13 schema, and the lint of what stack deploy ignores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tflab import config as cfg
+from tflab import labfiles, render, validate
+from tflab.gpus import Gpu
+from tflab.links import Links
+from tflab.model import Topology
+
+
+def stack(tmp_path: Path, **kw) -> tuple[labfiles.LabFiles, dict]:
+    topology = kw.pop("topology", Topology(nodes=4, gpus_per_node=2))
+    config = cfg.LabConfig(name="ref", topology=topology, gpus=tuple(Gpu(i) for i in range(8)), target="swarm", **kw)
+    lf = labfiles.write_lab(config, tmp_path / "lab", force=False)
+    text = render.stack_file(lf.lab, config, lf.root, "tflab-node:abc", ("key-1", "pub-1"))
+    return lf, yaml.safe_load(text)
+
+
+def test_reference_stack_by_meaning(tmp_path: Path) -> None:
+    lf, doc = stack(tmp_path, swarm=cfg.SwarmSettings(place={"ps0": "gpu-a", "worker2": "gpu-b"}))
+    assert validate.stack_problems(doc) == []
+    assert list(doc["services"]) == ["ps0", "worker0", "worker1", "worker2"]
+    worker1 = doc["services"]["worker1"]
+    assert (worker1["image"], worker1["hostname"], worker1["init"]) == ("tflab-node:abc", "worker1", True)
+    assert worker1["deploy"]["replicas"] == 1 and worker1["deploy"]["endpoint_mode"] == "dnsrr"
+    assert worker1["environment"]["NVIDIA_VISIBLE_DEVICES"] == "4,5"
+    assert worker1["environment"]["TFLAB_WORKER_HOSTS"] == "worker0:2222,worker1:2222,worker2:2222"
+    assert worker1["ports"] == [
+        {"target": 22, "published": 20024, "protocol": "tcp", "mode": "host"},
+        {"target": 6006, "published": 26008, "protocol": "tcp", "mode": "host"},
+    ]
+    assert {"type": "tmpfs", "target": "/dev/shm", "tmpfs": {"size": 2 * 2**30}} in worker1["volumes"]
+    assert {"type": "bind", "source": str(lf.runs_dir), "target": "/runs", "read_only": False} in worker1["volumes"]
+    assert worker1["networks"] == {"lab": {"aliases": ["worker1"]}}
+    assert "placement" not in worker1["deploy"]
+    assert doc["services"]["ps0"]["deploy"]["placement"] == {"constraints": ["node.labels.tflab.host == gpu-a"]}
+    assert doc["networks"]["lab"]["driver"] == "overlay" and doc["networks"]["lab"]["attachable"] is True
+    assert {name: s["name"] for name, s in doc["secrets"].items()} == {"lab_key": "key-1", "lab_key_pub": "pub-1"}
+    for absent in ("ulimits", "cap_add", "devices", "shm_size", "build", "restart", "depends_on", "container_name"):
+        assert absent not in worker1, absent
+    assert "resources" not in worker1["deploy"]
+
+
+def test_links_and_memlock_when_asked(tmp_path: Path) -> None:
+    _, doc = stack(tmp_path, links=Links(rate="1gbit"), memlock=-1)
+    assert validate.stack_problems(doc) == []
+    worker0 = doc["services"]["worker0"]
+    assert worker0["cap_add"] == ["NET_ADMIN"] and worker0["environment"]["TFLAB_LINK_RATE"] == "1gbit"
+    assert worker0["ulimits"] == {"memlock": -1}
+
+
+def test_keys_stack_deploy_ignores_are_refused_with_a_sentence(tmp_path: Path) -> None:
+    _, doc = stack(tmp_path)
+    doc["services"]["worker0"]["devices"] = ["/dev/nvidia0:/dev/nvidia0"]
+    doc["services"]["worker1"]["shm_size"] = "2g"
+    assert validate.stack_problems(doc) == [
+        "services.worker0.devices is ignored by `docker stack deploy`: swarm passes no devices: GPUs go by "
+        "NVIDIA_VISIBLE_DEVICES with the NVIDIA runtime as the default",
+        "services.worker1.shm_size is ignored by `docker stack deploy`: swarm sets no shared memory size: mount a "
+        "tmpfs volume at /dev/shm",
+    ]
+
+
+def test_device_reservations_are_refused_and_the_schema_is_applied(tmp_path: Path) -> None:
+    _, doc = stack(tmp_path)
+    doc["services"]["ps0"]["deploy"]["resources"] = {
+        "reservations": {"devices": [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]}}
+    doc["services"]["ps0"]["ports"][0]["host_ip"] = "127.0.0.1"
+    problems = validate.stack_problems(doc)
+    assert "services.ps0.deploy.resources.reservations: 'devices' is not a field here" in problems
+    assert "services.ps0.ports[0]: 'host_ip' is not a field here" in problems
+    assert any(p.startswith("services.ps0.deploy.resources.reservations.devices is refused by `docker stack deploy`")
+               for p in problems)
