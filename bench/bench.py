@@ -1,15 +1,20 @@
 """tflab against doing it by hand, measured side by side in one run on one machine.
 
-    .venv/bin/python bench/bench.py [--repeats 3] [--skip NAME ...]
+    .venv/bin/python bench/bench.py [--repeats 3] [--skip NAME ...] [--only NAME ...]
 
-Prints a table of medians (with min and max) and the ratio tflab / by hand; writes it to
-bench/results/latest.md. Needs the engine and the local base (`tflab base`).
+Prints one line per measure as it goes and a table at the end (medians with min–max, the
+ratio tflab / the other side, the target and whether it was met); writes the table to
+bench/results/latest.md. Needs the engine; builds the local base when it is missing.
+`cold-start` removes every tflab image first (it measures an engine with no images) and
+checks out the code before issue 14 (OLD_REVISION) to measure it in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -29,7 +34,8 @@ from tflab import engine, labfiles, nodes  # noqa: E402
 from tflab import lab as lab_ops  # noqa: E402
 
 TFLAB = [sys.executable, "-m", "tflab"]
-ROWS: list[tuple[str, str, str, str]] = []
+OLD_REVISION = "d43b0a4"  # main before issues 10-14: the cold start they are measured against
+ROWS: list[tuple[str, str, str, str, str]] = []
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -38,30 +44,31 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f}s ({min(values):.2f}–{max(values):.2f})"
+def spread(values: list[float], unit: str = "s") -> str:
+    return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}–{max(values):.2f})"
 
 
-def row(what: str, ours: list[float], theirs: list[float] | None, note: str = "") -> None:
-    ratio = f"{statistics.median(ours) / statistics.median(theirs):.2f}" if theirs else "-"
-    ROWS.append((what, spread(ours), spread(theirs) if theirs else "-", ratio + (f"  {note}" if note else "")))
-    print(f"{what}: tflab {spread(ours)}  by hand {spread(theirs) if theirs else '-'}  ratio {ratio} {note}", flush=True)
+def row(what: str, ours: list[float], theirs: list[float] | None, target: str = "", met: bool | None = None,
+        unit: str = "s", note: str = "") -> float | None:
+    ratio = statistics.median(ours) / statistics.median(theirs) if theirs else None
+    verdict = "" if met is None else (" — met" if met else " — MISSED")
+    ROWS.append((what, spread(ours, unit), spread(theirs, unit) if theirs else "-",
+                 f"{ratio:.2f}" if ratio is not None else "-", f"{target}{verdict}{f' ({note})' if note else ''}"))
+    print(" | ".join(ROWS[-1]), flush=True)
+    return ratio
 
 
 def sh(argv: list[str], **kw) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw).stdout
+    done = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} exited {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    return done.stdout
 
 
-def gen(root: Path, nodes_count: int, *extra: str, code: Path | None = None, data: Path | None = None) -> Path:
+def gen(root: Path, count: int, *extra: str, tflab: list[str] = TFLAB) -> Path:
     lab = root / f"lab-{uuid.uuid4().hex[:6]}"
-    argv = [*TFLAB, "gen", "--lab", str(lab), "--nodes", str(nodes_count), "--base", "local",
-            "--ssh-port-base", str(free_port_base(nodes_count + 2)),
-            "--tensorboard-port-base", str(free_port_base(nodes_count + 2)), *extra]
-    if code:
-        argv += ["--code", str(code)]
-    if data:
-        argv += ["--data", str(data)]
-    sh(argv)
+    sh([*tflab, "gen", "--lab", str(lab), "--nodes", str(count), "--ssh-port-base", str(free_port_base(count + 2)),
+        "--tensorboard-port-base", str(free_port_base(count + 2)), *extra])
     return lab
 
 
@@ -69,35 +76,58 @@ def down(lab: Path) -> None:
     lab_ops.down(labfiles.open_lab(lab).project, engine.client())
 
 
-def raw_up(lab: Path, code: Path, data: Path | None = None) -> None:
-    """By hand: docker compose up -d of the generated file, then docker cp into each node."""
+def add_task(lab: Path, name: str, command: str) -> None:
+    path = lab / "tflab.yaml"
+    path.write_text(path.read_text().replace("tasks:", f"tasks:\n  {name}: {command}", 1))
+
+
+# -- bring-up --------------------------------------------------------------------------------
+
+
+def raw_up(lab: Path) -> None:
+    """By hand: docker compose up -d of the generated file, then docker cp of code and data into each node."""
     lf = labfiles.open_lab(lab)
     sh([*engine.find_compose(), "-f", str(lf.compose_path), "-p", lf.project, "up", "-d"])
-    for name, container in nodes.lab_containers(engine.client(), lf.project).items():
-        sh(["docker", "cp", f"{code}/.", f"{container.id}:/workspace"])
-        if data is not None:
-            sh(["docker", "cp", f"{data}/.", f"{container.id}:/data"])
+    for container in nodes.lab_containers(engine.client(), lf.project).values():
+        sh(["docker", "cp", f"{lf.root / 'code'}/.", f"{container.id}:/workspace"])
+        sh(["docker", "cp", f"{lf.root / 'data'}/.", f"{container.id}:/data"])
 
 
-def bench_bring_up(root: Path, code: Path, repeats: int) -> None:
+def bench_bring_up(root: Path, repeats: int) -> None:
     for count in (4, 16):
-        lab = gen(root, count, code=code)
-        sh([*TFLAB, "build", "--lab", str(lab)])
-        sh([*TFLAB, "up", "--lab", str(lab)])  # warm: compose file written, image present
+        lab = gen(root, count)
+        sh([*TFLAB, "up", "--lab", str(lab)])  # warm: image built, compose file written
         down(lab)
         ours, theirs = [], []
         for _ in range(repeats):
+            (lab / lab_ops.STATE_FILE).unlink(missing_ok=True)
             ours.append(timed(lambda: sh([*TFLAB, "up", "--lab", str(lab)])))
             down(lab)
-            (lab / lab_ops.STATE_FILE).unlink(missing_ok=True)
-            theirs.append(timed(lambda: raw_up(lab, code)))
+            theirs.append(timed(lambda: raw_up(lab)))
             down(lab)
-        row(f"bring-up, {count} nodes (tflab up vs compose up -d + docker cp)", ours, theirs,
-            "tflab also waits for sshd and health")
+        ratio = row(f"bring-up, {count} nodes: `tflab up` vs compose up -d + docker cp", ours, theirs)
+        ROWS[-1] = (*ROWS[-1][:4], f"≤ 1.1 — {'met' if ratio <= 1.1 else 'MISSED'} (tflab also waits for every sshd)")
 
 
-def first_step_times(argv: list[str], workers: list[str], env: dict[str, str] | None = None,
-                     timeout: float = 300) -> float:
+def bench_incremental(root: Path, repeats: int) -> None:
+    lab = gen(root, 4)
+    sh([*TFLAB, "up", "--lab", str(lab)])
+    image = labfiles.open_lab(lab).compose_path.read_text()
+    times = []
+    for i in range(repeats):
+        (lab / "code" / "edited.py").write_text(f"print({i})\n")
+        times.append(timed(lambda: sh([*TFLAB, "up", "--lab", str(lab)])))
+    assert labfiles.open_lab(lab).compose_path.read_text() == image, "the image changed"
+    down(lab)
+    row("up after editing one code file, running 4-node lab (no rebuild)", times, None, "< 2 s",
+        statistics.median(times) < 2)
+
+
+# -- time to first step -------------------------------------------------------------------------
+
+
+def first_step_time(argv: list[str], workers: list[str], env: dict[str, str] | None = None,
+                    timeout: float = 300) -> float:
     """Seconds from start until every worker printed its first training step."""
     started = time.perf_counter()
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -121,7 +151,6 @@ HAND_SCRIPT = """#!/bin/sh
 # The classic recipe: start the ps, sleep, start each worker (docker exec), wait.
 cmd='python /workspace/mnist_async.py --ps_hosts=ps0:2222 --worker_hosts=worker0:2222,worker1:2222,worker2:2222 --train_steps=300 --log_dir=/runs/hand'
 docker exec "$PS0" sh -c "rm -rf /runs/hand; $cmd --job_name=ps --task_index=0" &
-PS=$!
 sleep 5
 docker exec "$W0" sh -c "$cmd --job_name=worker --task_index=0" &
 W0P=$!
@@ -134,13 +163,25 @@ docker exec "$PS0" pkill -9 -f mnist_async.py
 wait
 """
 
+FLOOR = """
+import socket, time
+started = time.perf_counter()
+import tensorflow
+imported = time.perf_counter()
+for _ in range(200):
+    try:
+        socket.create_connection(("ps0", 2222), 2).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+print(f"floor {imported - started:.3f} {time.perf_counter() - imported:.3f}")
+"""
 
-def bench_first_step(root: Path, code: Path, data: Path, repeats: int) -> None:
-    lab = gen(root, 4, code=code, data=data)
-    path = lab / "tflab.yaml"
-    path.write_text(path.read_text().replace("tasks:", "tasks:\n  short: python /workspace/mnist_async.py "
-        "--job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
-        "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=300", 1))
+
+def bench_first_step(root: Path, repeats: int) -> None:
+    lab = gen(root, 4)
+    add_task(lab, "short", "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
+                           "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=300")
     sh([*TFLAB, "up", "--lab", str(lab)])
     containers = nodes.lab_containers(engine.client(), labfiles.open_lab(lab).project)
     script = root / "by-hand.sh"
@@ -148,13 +189,28 @@ def bench_first_step(root: Path, code: Path, data: Path, repeats: int) -> None:
     env = {**os.environ, "PS0": containers["ps0"].id, "W0": containers["worker0"].id,
            "W1": containers["worker1"].id, "W2": containers["worker2"].id}
     workers = ["worker0", "worker1", "worker2"]
-    ours, theirs = [], []
+    ours, theirs, floor = [], [], []
     for _ in range(repeats):
-        ours.append(first_step_times([*TFLAB, "run", "short", "--lab", str(lab)], workers))
-        theirs.append(first_step_times(["sh", str(script)], workers, env=env))
+        ours.append(first_step_time([*TFLAB, "run", "short", "--lab", str(lab)], workers))
+        theirs.append(first_step_time(["sh", str(script)], workers, env=env))
+        # The floor: one TensorFlow import in a node, plus a connect to a ps that serves already.
+        server = subprocess.Popen(["docker", "exec", containers["ps0"].id, "python", "-c",
+                                   "import tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec("
+                                   "{'ps': ['ps0:2222'], 'worker': ['worker0:2222']}), 'ps', 0).join()"])
+        out = sh(["docker", "exec", containers["worker0"].id, "python", "-c", FLOOR])
+        subprocess.run(["docker", "exec", containers["ps0"].id, "pkill", "-9", "-f", "tf.distribute.Server"])
+        server.wait()
+        imported, connect = map(float, out.split()[1:3])
+        floor.append(imported + connect)
     down(lab)
-    row("time to first step, 3 workers (tflab run vs start ps, sleep 5, start workers)", ours, theirs,
-        "tflab waits for the ps port instead of sleeping")
+    ratio = row("time to first step, 3 workers: `tflab run` vs start ps, sleep 5, start workers", ours, theirs)
+    ROWS[-1] = (*ROWS[-1][:4], f"≤ 0.6 — {'met' if ratio <= 0.6 else 'MISSED'}")
+    floor_ratio = row("time to first step, 3 workers: `tflab run` vs the floor (one TF import + a gRPC connect)",
+                      ours, floor)
+    ROWS[-1] = (*ROWS[-1][:4], f"≤ 1.3 — {'met' if floor_ratio <= 1.3 else 'MISSED'}")
+
+
+# -- training speed inside a node ---------------------------------------------------------------
 
 
 def examples_per_second(output: str) -> float:
@@ -170,124 +226,219 @@ LOCAL_PAIR = (
 )
 
 
-def bench_overhead(root: Path, code: Path, data: Path, repeats: int) -> None:
-    python = host_tensorflow(root)
-    if python is None:
-        print("overhead: skipped (no TensorFlow on the host and none could be installed)")
-        return
-    lab = gen(root, 1, code=code, data=data)
-    sh([*TFLAB, "up", "--lab", str(lab)])
-    ours, theirs = [], []
-    for i in range(repeats):
-        inside = LOCAL_PAIR.format(dir="/workspace", p=2300, w=2301, data="/data", log=f"/runs/o{i}")
-        ours.append(examples_per_second(sh([*TFLAB, "exec", "--lab", str(lab), "worker0", "--", "sh", "-c", inside])))
-        on_host = LOCAL_PAIR.format(dir=code, p=free_port_base(1), w=free_port_base(1), data=data, log=root / f"host{i}")
-        on_host = on_host.replace("python ", f"{python} ", 2)
-        theirs.append(examples_per_second(sh(["sh", "-c", on_host], cwd=code)))
-    down(lab)
-    ROWS.append(("training examples/s, 1 node (in the lab vs on the host)",
-                 f"{statistics.median(ours):.0f}/s ({min(ours):.0f}–{max(ours):.0f})",
-                 f"{statistics.median(theirs):.0f}/s ({min(theirs):.0f}–{max(theirs):.0f})",
-                 f"{statistics.median(ours) / statistics.median(theirs):.2f}  (higher is better)"))
-    print(ROWS[-1], flush=True)
-
-
-def host_tensorflow(root: Path) -> str | None:
+def host_tensorflow() -> str | None:
     """A Python on the host with TensorFlow (a bench venv, made once)."""
     venv = REPO / "bench" / ".venv"
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "tensorflow-cpu"])
-        if done.returncode != 0:
+        if subprocess.run([str(python), "-m", "pip", "install", "-q", "tensorflow-cpu"]).returncode != 0:
             return None
     return str(python)
 
 
-def bench_data(root: Path, code: Path, repeats: int) -> None:
-    data = root / "big-data"
-    data.mkdir()
-    for i in range(16):
-        with open(data / f"part-{i:02d}.bin", "wb") as handle:
-            handle.write(os.urandom(64 * 2**20))
-    copy_lab = gen(root, 4, code=code, data=data)
-    mount_lab = gen(root, 4, "--data-mode", "mount", code=code, data=data)
-    copy, mount, raw = [], [], []
-    for _ in range(repeats):
-        (copy_lab / lab_ops.STATE_FILE).unlink(missing_ok=True)
-        copy.append(timed(lambda: sh([*TFLAB, "up", "--lab", str(copy_lab)])))
-        down(copy_lab)
-        mount.append(timed(lambda: sh([*TFLAB, "up", "--lab", str(mount_lab)])))
-        down(mount_lab)
-        raw.append(timed(lambda: raw_up(copy_lab, code, data)))
-        down(copy_lab)
-    row("1 GiB data to 4 nodes by copy (tflab up vs compose up + docker cp)", copy, raw)
-    row("1 GiB data to 4 nodes by read-only mount (tflab up vs the same by hand)", mount, raw)
-    shutil.rmtree(data)
+def bench_overhead(root: Path, repeats: int) -> None:
+    python = host_tensorflow()
+    if python is None:
+        print("overhead: skipped (no TensorFlow on the host and none could be installed)")
+        return
+    lab = gen(root, 1)
+    sh([*TFLAB, "up", "--lab", str(lab)])
+    ours, theirs = [], []
+    for i in range(repeats):
+        inside = LOCAL_PAIR.format(dir="/workspace", p=2300, w=2301, data="/data", log=f"/runs/o{i}")
+        ours.append(examples_per_second(sh([*TFLAB, "exec", "--lab", str(lab), "worker0", "--", "sh", "-c", inside])))
+        on_host = LOCAL_PAIR.format(dir=lab / "code", p=free_port_base(1), w=free_port_base(1), data=lab / "data",
+                                    log=root / f"host{i}").replace("python ", f"{python} ", 2)
+        theirs.append(examples_per_second(sh(["sh", "-c", on_host], cwd=lab / "code")))
+    down(lab)
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    row("training examples/s, 1 node: in the lab vs on the host (higher is better)", ours, theirs,
+        f"≥ 0.97", ratio >= 0.97, unit="/s")
+
+
+# -- links -------------------------------------------------------------------------------------
+
+
+def throughput(lab: Path, megabytes: int = 50) -> float:
+    receiver = subprocess.Popen([*TFLAB, "exec", "--lab", str(lab), "worker0", "--", "python", "/workspace/throughput.py",
+                                 "serve", "5001"], stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout is not None and receiver.stdout.readline() == "listening\n"
+    sh([*TFLAB, "exec", "--lab", str(lab), "ps0", "--", "python", "/workspace/throughput.py", "send", "worker0", "5001",
+        str(megabytes)])
+    out, _ = receiver.communicate(timeout=120)
+    return float(re.search(r"([\d.]+) Mbit/s", out).group(1))
+
+
+def training_rate(lab: Path, task: str) -> float:
+    """Examples per second of a whole run of `task`, summed over its workers' last reports."""
+    out = sh([*TFLAB, "run", task, "--lab", str(lab)], timeout=900)
+    last: dict[str, float] = {}
+    for line in out.splitlines():
+        match = re.match(r"\[(worker\d+)\] .*\(([\d.]+) steps/s", line)
+        if match:
+            last[match.group(1)] = float(match.group(2))
+    per_step = {"train": 64, "allreduce": 32 * len(last)}[task]
+    if task == "allreduce":  # every worker reports the same global steps: one of them counts
+        return statistics.median(last.values()) * per_step
+    return sum(last.values()) * per_step
+
+
+def bench_links(root: Path, repeats: int) -> None:
+    programs = root / "programs"
+    shutil.copytree(REPO / "examples", programs, ignore=shutil.ignore_patterns("data"))
+    shutil.copy(REPO / "tests" / "programs" / "throughput.py", programs)
+    data = REPO / "examples" / "data"
+    labs = {}
+    for shaped in (True, False):
+        extra = ["--link-rate", "100mbit"] if shaped else []
+        labs[(shaped, "ps")] = gen(root, 4, *extra, "--code", str(programs), "--data", str(data))
+        labs[(shaped, "allreduce")] = gen(root, 4, "--ps", "0", *extra, "--code", str(programs), "--data", str(data))
+    for lab in labs.values():
+        sh([*TFLAB, "up", "--lab", str(lab)])
+    slow = [throughput(labs[(True, "ps")]) for _ in range(repeats)]
+    fast = [throughput(labs[(False, "ps")]) for _ in range(repeats)]
+    row("node-to-node throughput, 50 MB: --link-rate 100mbit vs unshaped", slow, fast,
+        "70–115 Mbit/s shaped, unshaped ≥ 5×", 70 <= statistics.median(slow) <= 115 and
+        statistics.median(fast) >= 5 * statistics.median(slow), unit=" Mbit/s")
+    for task, kind in (("train", "ps"), ("allreduce", "allreduce")):
+        shaped = [training_rate(labs[(True, kind)], task) for _ in range(repeats)]
+        plain = [training_rate(labs[(False, kind)], task) for _ in range(repeats)]
+        row(f"examples/s of `{task}` ({'async, 1 ps' if kind == 'ps' else 'all-reduce'}, 3-4 workers): "
+            "100mbit vs unshaped", shaped, plain, "shows the link's cost", unit="/s")
+    for lab in labs.values():
+        down(lab)
+
+
+# -- cold start --------------------------------------------------------------------------------
+
+
+def remove_tflab_images() -> None:
+    client = engine.client()
+    for image in client.images.list():
+        if any(t.startswith(("tflab-", "tflab_")) for t in image.tags) or not image.tags:
+            try:
+                client.images.remove(image.id, force=True)
+            except Exception:  # noqa: BLE001 - a child image went first
+                pass
+    subprocess.run(["docker", "image", "prune", "-f"], capture_output=True)
+
+
+def phases(argv: list[str], marks: dict[str, str], cwd: Path | None = None) -> dict[str, float]:
+    """Run `argv`; seconds at which each mark (a phrase of its progress lines) first appeared, and the end."""
+    started = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    seen: dict[str, float] = {}
+    assert child.stdout is not None
+    tail = []
+    for line in child.stdout:
+        tail = (tail + [line])[-20:]
+        for name, phrase in marks.items():
+            if name not in seen and phrase in line:
+                seen[name] = time.perf_counter() - started
+    if child.wait() != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {''.join(tail)}")
+    seen["end"] = time.perf_counter() - started
+    return seen
+
+
+def cold_start(tflab: list[str], root: Path, old: bool) -> dict[str, float]:
+    """Engine with no images → the chief's first step: base, node image, up, first step."""
+    remove_tflab_images()
+    base = phases([*tflab, "base"], {"pip": "pip install", "import": "committing" if not old else "importing the root"})
+    if old:
+        lab = gen(root, 4, "--base", "local", "--code", str(REPO / "examples"), "--data",
+                  str(REPO / "examples" / "data"), tflab=tflab)
+    else:
+        lab = gen(root, 4, tflab=tflab)
+    node = timed(lambda: sh([*tflab, "build", "--lab", str(lab)]))
+    up = timed(lambda: sh([*tflab, "up", "--lab", str(lab)]))
+    first = first_step_time([*tflab, "run", "train", "--lab", str(lab)], ["worker0"])
+    sh([*tflab, "down", "--lab", str(lab)])
+    out = {"base": base["end"], "node image": node, "up": up, "first step": first}
+    out["total"] = sum(out.values())
+    print(f"cold start ({'before' if old else 'now'}): " + ", ".join(f"{k} {v:.1f}s" for k, v in out.items()) +
+          f"; base phases: {base}", flush=True)
+    return out
+
+
+def old_tflab(root: Path) -> list[str]:
+    """The code before issue 14, checked out and installed beside this one."""
+    folder = root / "old-tflab"
+    folder.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_REVISION], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(folder / ".venv")], check=True)
+    sh([str(folder / ".venv" / "bin" / "pip"), "install", "-q", "-e", f"{folder}[compose]"], timeout=900)
+    return [str(folder / ".venv" / "bin" / "python"), "-m", "tflab"]
+
+
+def bench_cold_start(root: Path, repeats: int) -> None:
+    before = old_tflab(root)
+    then = [cold_start(before, root, old=True) for _ in range(max(1, repeats // 3))]
+    now = [cold_start(TFLAB, root, old=False) for _ in range(max(1, repeats // 3))]
+    for part in ("base", "node image", "up", "first step"):
+        row(f"cold start, {part}: now vs before issue 14", [n[part] for n in now], [t[part] for t in then])
+    ratio = row("cold start, engine with no images → chief's first step: now vs before issue 14",
+                [n["total"] for n in now], [t["total"] for t in then])
+    ROWS[-1] = (*ROWS[-1][:4], f"≤ 0.6 — {'met' if ratio <= 0.6 else 'MISSED'}")
+
+
+# -- gen -----------------------------------------------------------------------------------------
 
 
 def bench_gen(root: Path, repeats: int) -> None:
     from tflab import config as cfg
     from tflab.model import Topology
 
-    for count in (4, 64, 256):
+    for count in (4, 256):
         own, whole = [], []
         for i in range(repeats):
             target = root / f"gen-{count}-{i}"
             config = cfg.LabConfig(name="bench", topology=Topology(nodes=count, ssh_port_base=30000,
-                                   tensorboard_port_base=40000))
+                                                                   tensorboard_port_base=40000))
             own.append(timed(lambda: labfiles.write_lab(config, target, force=True)))
             whole.append(timed(lambda: sh([*TFLAB, "gen", "--force", "--lab", str(target), "--nodes", str(count),
                                            "--ssh-port-base", "30000", "--tensorboard-port-base", "40000"])))
-        row(f"gen, {count} nodes (tflab's own time; whole command as 'by hand' column)", own, whole,
-            "ratio = share of the command that is tflab's work")
+        row(f"gen, {count} nodes: tflab's own time vs the whole command", own, whole,
+            note="the rest is Python's start-up and imports")
 
 
-def bench_incremental(root: Path, code: Path, repeats: int) -> None:
-    lab = gen(root, 4, code=code)
-    sh([*TFLAB, "up", "--lab", str(lab)])
-    image = labfiles.open_lab(lab).compose_path.read_text()
-    times = []
-    for i in range(repeats):
-        (code / "edited.py").write_text(f"print({i})\n")
-        times.append(timed(lambda: sh([*TFLAB, "up", "--lab", str(lab)])))
-    assert labfiles.open_lab(lab).compose_path.read_text() == image, "the image changed"
-    (code / "edited.py").unlink()
-    down(lab)
-    row("up after editing one code file, running 4-node lab (no rebuild)", times, None, "target < 2 s")
+STEPS = {
+    "gen": bench_gen,
+    "bring-up": bench_bring_up,
+    "incremental": bench_incremental,
+    "first-step": bench_first_step,
+    "overhead": bench_overhead,
+    "links": bench_links,
+    "cold-start": bench_cold_start,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["bring-up", "first-step", "overhead", "data", "gen", "incremental"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=list(STEPS))
+    parser.add_argument("--only", nargs="*", default=[], choices=list(STEPS))
     args = parser.parse_args()
-    sh([*TFLAB, "base"])
+    chosen = [name for name in STEPS if name not in args.skip and (not args.only or name in args.only)]
+    if "cold-start" not in chosen or chosen.index("cold-start") != len(chosen) - 1:
+        sh([*TFLAB, "base"])
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="tflab-bench-") as tmp:
-        root = Path(tmp)
-        code = root / "code"
-        shutil.copytree(REPO / "examples", code)
-        data = root / "data"
-        sh([sys.executable, str(REPO / "examples" / "prepare_data.py"), str(data)])
-        steps = {
-            "gen": lambda: bench_gen(root, args.repeats),
-            "bring-up": lambda: bench_bring_up(root, code, args.repeats),
-            "incremental": lambda: bench_incremental(root, code, args.repeats),
-            "first-step": lambda: bench_first_step(root, code, data, args.repeats),
-            "overhead": lambda: bench_overhead(root, code, data, args.repeats),
-            "data": lambda: bench_data(root, code, args.repeats),
-        }
-        for name, step in steps.items():
-            if name not in args.skip:
-                step()
-    lines = ["| measure | tflab | by hand | ratio |", "| --- | --- | --- | --- |"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in ROWS]
+        for name in chosen:
+            STEPS[name](Path(tmp), args.repeats)
+    machine = (f"{platform.node()}: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+               f"engine {engine.client().version().get('Version')} on {engine.client().info().get('Driver')}")
+    lines = [f"machine: {machine}; {time.strftime('%Y-%m-%d')}; --repeats {args.repeats}; "
+             f"{(time.time() - started) / 60:.0f} min", "",
+             "| measure | tflab | other side | ratio | target |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in ROWS]
     table = "\n".join(lines)
     print("\n" + table)
     out = REPO / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "latest.md").write_text(f"machine: {os.uname().nodename}, {os.cpu_count()} cores\n\n{table}\n")
+    (out / "latest.md").write_text(table + "\n")
 
 
 if __name__ == "__main__":

