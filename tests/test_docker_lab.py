@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -128,3 +130,45 @@ def test_exec_of_unknown_node_or_task_is_one_line(labs, runner) -> None:
                                    "ps_strategy, single, train")
     failing = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "--", "sh", "-c", "exit 7"])
     assert failing.exit_code == 7
+
+
+def node_config(client, project: str, node: str) -> dict:
+    """What a node is made of, as the engine reports it (the fields the compose file decides)."""
+    container = next(c for c in client.containers.list(all=True, filters={"label": f"tflab.lab={project}"})
+                     if c.labels.get("tflab.node") == node)
+    attrs, host = container.attrs, container.attrs["HostConfig"]
+    network = next(iter(attrs["NetworkSettings"]["Networks"].items()))
+    return {
+        "name": attrs["Name"],
+        "image": attrs["Config"]["Image"],
+        "hostname": attrs["Config"]["Hostname"],
+        "working_dir": attrs["Config"]["WorkingDir"],
+        "env": sorted(e for e in attrs["Config"]["Env"] if e.startswith(("TF", "PYTHON"))),
+        "labels": {k: v for k, v in attrs["Config"]["Labels"].items() if k.startswith("tflab.") and k != "tflab.spec"},
+        "ports": host["PortBindings"],
+        "mounts": sorted((m["Source"], m["Destination"], m["RW"]) for m in attrs["Mounts"]),
+        "shm": host["ShmSize"],
+        "ulimits": sorted((u["Name"], u["Soft"], u["Hard"]) for u in host["Ulimits"] or []),
+        "init": host["Init"],
+        "restart": host["RestartPolicy"]["Name"],
+        "cap_add": sorted(c.removeprefix("CAP_") for c in host["CapAdd"] or []),
+        "network": network[0],
+        "aliases": sorted({a for a in network[1]["Aliases"] or [] if not re.fullmatch(r"[0-9a-f]{12}", a)}),
+    }
+
+
+def test_tflab_starts_the_nodes_plain_docker_compose_would(labs, runner, compose_argv) -> None:
+    lab = labs.gen("--link-rate", "1gbit", nodes=2)
+    lf = labfiles.open_lab(lab)
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    ours = {node: node_config(labs.client, lf.project, node) for node in lf.lab.names}
+    # compose sees the nodes tflab started as its own
+    listed = subprocess.run([*compose_argv, "-f", str(lf.compose_path), "ps", "--format", "{{.Service}}"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(listed) == sorted(lf.lab.names)
+    assert runner.invoke(cli, ["down", "--lab", str(lab)]).exit_code == 0
+    subprocess.run([*compose_argv, "-f", str(lf.compose_path), "up", "-d"], capture_output=True, check=True)
+    theirs = {node: node_config(labs.client, lf.project, node) for node in lf.lab.names}
+    assert ours == theirs
+    assert ours["worker0"]["cap_add"] == ["NET_ADMIN"]
+    assert ours["worker0"]["aliases"] == sorted(["worker0", f"{lf.project}-worker0-1"])

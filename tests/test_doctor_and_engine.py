@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import cli
-from tflab import engine
+from tflab import containers, engine
 from tflab.errors import EngineError
 
 
 @pytest.mark.docker
 def test_doctor_without_gpus_still_passes_the_cpu_checks(runner, docker_client, no_nvidia_smi) -> None:
+    # Nothing here depends on the host having compose: tflab does not need it.
     result = runner.invoke(cli, ["doctor"])
     assert result.exit_code == 0, result.stdout
     gpu_row = next(l for l in result.stdout.splitlines() if l.startswith("│ GPUs"))
@@ -45,15 +46,14 @@ def test_a_command_outside_a_lab_says_so(runner, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("output", "advice"), [
-    ("Error response from daemon: driver failed programming external connectivity on endpoint x: "
-     "Bind for 127.0.0.1:20023 failed: port is already allocated", "port 20023 on 127.0.0.1 is already taken"),
-    ("Error response from daemon: pull access denied for tflab-node, repository does not exist",
-     "run `tflab build` first"),
-    ("Error response from daemon: could not select device driver \"nvidia\" with capabilities: [[gpu]]",
-     "install the NVIDIA Container Toolkit"),
+    ("driver failed programming external connectivity on endpoint x: Bind for 127.0.0.1:20023 failed: port is "
+     "already allocated", "worker0 cannot start: a port it publishes is already taken on the host"),
+    ("No such image: tflab-node:abc", "worker0 cannot start: its image is missing; run `tflab build` first"),
+    ("could not select device driver \"nvidia\" with capabilities: [[gpu]]",
+     "worker0 reserves GPUs but this engine has no NVIDIA runtime; install the NVIDIA Container Toolkit"),
 ])
-def test_compose_errors_become_advice(output: str, advice: str) -> None:
-    assert advice in engine.compose_advice(output)
+def test_engine_errors_at_start_become_advice(output: str, advice: str) -> None:
+    assert containers.start_advice("worker0", output).startswith(advice)
 
 
 def test_compose_v1_alone_is_refused(monkeypatch) -> None:

@@ -145,3 +145,56 @@ def test_stop_clears_what_an_earlier_run_left(state: Path) -> None:
     assert other.poll() is None and sorted(p.name for p in state.glob("*.pid")) == ["run.other.worker0.pid"]
     other.stdin.close()
     other.wait(timeout=10)
+
+
+def fake_tensorflow(tmp_path: Path) -> dict[str, str]:
+    """An environment whose `tensorflow` is a stub that notes when it is imported."""
+    fake = tmp_path / "site" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os\nIMPORTED_IN = os.getpid()\n")
+    python = Path(sys.executable)
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "PATH": f"{python.parent}:{os.environ['PATH']}"}
+
+
+def test_a_warm_standby_becomes_the_program_with_its_environment_and_output(state: Path, tmp_path: Path) -> None:
+    env = fake_tensorflow(tmp_path)
+    standby = subprocess.Popen([sys.executable, str(GUARD), "standby", "--idle", "60"], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: subprocess.run([sys.executable, str(GUARD), "warm"], env=env).returncode == 0)
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import os, sys\nimport tensorflow\n"
+        "print(os.getpid(), tensorflow.IMPORTED_IN, os.environ['ONLY_HERE'], os.getcwd(), sys.argv[1:], __name__,"
+        " sep='|')\n"
+        "sys.stderr.write('to stderr\\n')\nsys.exit(5)\n"
+    )
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    child = guard("run", "run.t.worker0", "--warm", "--shell", f"{Path(sys.executable).name} {program} a b",
+                  env={**env, "ONLY_HERE": "task-env"}, cwd=cwd)
+    out = released(child)
+    assert child.returncode == 5
+    lines = out.splitlines()
+    pid, imported, only, where, argv, name = lines[0].split("|")
+    assert pid == imported == str(standby.pid), "the program ran in the standby, TensorFlow imported before"
+    assert (only, where, argv, name) == ("task-env", str(cwd), "['a', 'b']", "__main__")
+    assert lines[1] == "to stderr"
+    assert standby.wait(timeout=10) == 5
+    assert subprocess.run([sys.executable, str(GUARD), "warm"], env=env).returncode == 1  # used up
+
+
+def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(state: Path, tmp_path: Path) -> None:
+    env = fake_tensorflow(tmp_path)
+    done = guard("run", "run.t.worker1", "--warm", "--shell", "echo plain", env=env)
+    assert released(done) == "plain\n" and done.returncode == 0
+    standby = subprocess.Popen([sys.executable, str(GUARD), "standby"], env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: subprocess.run([sys.executable, str(GUARD), "warm"], env=env).returncode == 0)
+    program = tmp_path / "forever.py"
+    program.write_text("import time\nimport tensorflow\nprint('up', flush=True)\ntime.sleep(300)\n")
+    child = guard("run", "run.t.worker2", "--warm", "--grace", "0.5", "--shell",
+                  f"{Path(sys.executable).name} {program}", env=env)
+    assert child.stdout.readline() == "up\n"
+    child.stdin.close()  # tflab goes away
+    assert child.wait(timeout=10) != 0
+    assert standby.wait(timeout=10) != 0

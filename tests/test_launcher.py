@@ -64,6 +64,7 @@ class FakeExecutor:
         self.broken_start = broken_start or set()
         self.processes: dict[str, FakeProcess] = {}
         self.commands: list[tuple[str, list[str]]] = []
+        self.spawned: list[tuple[str, list[str]]] = []
         self.lock = threading.Lock()
 
     def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
@@ -88,7 +89,8 @@ class FakeExecutor:
         return 0, ""
 
     def spawn(self, node, argv, env=None, workdir="/"):
-        raise AssertionError("a run spawns nothing")
+        with self.lock:
+            self.spawned.append((node, list(argv)))
 
 
 class Lines:
@@ -110,10 +112,11 @@ LAB = plan(Topology(nodes=4), [])
 TRAIN = Task("train", "python t.py")
 
 
-def launch(tmp_path: Path, scripts, plan_: RunPlan | None = None, sink: Lines | None = None, **kw):
+def launch(tmp_path: Path, scripts, plan_: RunPlan | None = None, sink: Lines | None = None, warm: bool = True,
+           **kw):
     executor = FakeExecutor(scripts, **kw)
     setup = RunSetup("train", {n: f"python t.py --node {n}" for n in LAB.names}, {"TFLAB_TASK": "train"},
-                     tmp_path / "logs", stop_grace_s=0.2)
+                     tmp_path / "logs", warm=warm, stop_grace_s=0.2)
     launcher = Launcher(executor, plan_ or run_plan(LAB, TRAIN, grace_s=1.0), setup, sink or Lines())
     return launcher, executor
 
@@ -150,8 +153,8 @@ def test_workers_start_held_with_preload_and_the_sweeps_clear_the_task(tmp_path:
     launcher, executor = launch(tmp_path, ok_scripts())
     launcher.execute()
     starts = {node: argv for node, argv in executor.commands if "run" in argv and "--shell" in argv}
-    assert "--held" in starts["worker1"] and "--preload" in starts["worker1"]
-    assert "--held" not in starts["ps0"]
+    assert "--held" in starts["worker1"] and "--preload" in starts["worker1"] and "--warm" in starts["worker1"]
+    assert "--held" not in starts["ps0"] and "--warm" in starts["ps0"]
     assert starts["worker1"][-1] == "python t.py --node worker1"
     sweeps = [node for node, argv in executor.commands if "stop" in argv and guard.run_key("train", "*") in argv]
     assert sorted(sweeps) == sorted(LAB.names * 2)  # before and after
@@ -210,3 +213,13 @@ def test_guard_commands_carry_the_key_and_the_command_line(preload: bool) -> Non
     argv = guard.run("run.train.worker1", "python a.py --x=1", held=True, preload=preload)
     assert argv[:4] == ["python3", "/usr/local/share/tflab/guard.py", "run", "run.train.worker1"]
     assert ("--preload" in argv) is preload and argv[-2:] == ["--shell", "python a.py --x=1"]
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_warm_lab_gets_its_standbys_back_after_a_run(tmp_path: Path, warm: bool) -> None:
+    launcher, executor = launch(tmp_path, ok_scripts(), warm=warm)
+    launcher.execute()
+    starts = [argv for _node, argv in executor.commands if "run" in argv and "--shell" in argv]
+    assert all(("--warm" in argv) is warm for argv in starts)
+    standbys = sorted(node for node, argv in executor.spawned if argv[2:3] == ["standby"])
+    assert standbys == (sorted(LAB.names) if warm else [])

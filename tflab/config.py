@@ -80,6 +80,9 @@ class LabConfig:
     memlock: int | None = None  # bytes of locked memory a node may use; -1 unlimited; None: the engine's
     tasks: dict[str, Task] = field(default_factory=dict)
     target: str = "compose"  # compose | swarm
+    # One TensorFlow interpreter kept ready in each node (made at `up` and after each run),
+    # so a run's processes do not pay the import; about 0.5 GB of memory per node.
+    warm: bool = True
     links: Links = Links()
     swarm: SwarmSettings = SwarmSettings()
 
@@ -176,7 +179,7 @@ def _closest(name: str, allowed: tuple[str, ...]) -> str:
 
 
 TOP_KEYS = ("name", "target", "topology", "gpus", "ports", "image", "links", "swarm", "code", "data",
-            "data_mode", "runs", "tasks")
+            "data_mode", "runs", "warm", "tasks")
 TOPOLOGY_KEYS = ("nodes", "ps", "chief", "evaluator", "gpus_per_node", "share_gpus")
 GPU_KEYS = ("index", "uuid", "name", "memory_mib")
 PORT_KEYS = ("ssh_base", "tensorboard_base", "bind")
@@ -257,6 +260,7 @@ def to_yaml(config: LabConfig) -> str:
         "data": config.data,
         "data_mode": config.data_mode,
         "runs": config.runs,
+        "warm": config.warm,
         "tasks": dump_tasks(config.tasks),
     }
     if config.target == "swarm":
@@ -346,6 +350,7 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
         tasks=parse_tasks(doc.get("tasks"), source),
         links=links,
         swarm=SwarmSettings(place=dict(place), registry=read.string(swarm, "registry", "swarm", None)),
+        warm=read.boolean(doc, "warm", "", True),
     )
 
 

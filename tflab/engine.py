@@ -1,4 +1,4 @@
-"""The only code that talks to Docker: the SDK for the engine, the compose v2 CLI for compose."""
+"""The engine's entry points: the SDK client (with advice when the daemon is away), and finding a compose v2 CLI."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import shutil
 import sys
 import sysconfig
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -130,52 +129,3 @@ def _probe_compose(runner: Runner) -> list[str]:
         if major is not None and major >= 2:
             return argv
     raise EngineError(COMPOSE_ADVICE)
-
-
-@dataclass
-class Compose:
-    """The compose CLI bound to one lab's compose file and project."""
-
-    compose_file: Path
-    project: str
-    runner: Runner = proc.run
-    argv: list[str] | None = None
-
-    def __call__(self, *args: str) -> str:
-        """Run `compose -f FILE -p PROJECT ARGS`; failures become EngineError advice."""
-        prefix = self.argv or find_compose(self.runner)
-        self.argv = prefix
-        argv = [*prefix, "-f", str(self.compose_file), "-p", self.project, *args]
-        try:
-            return self.runner(argv, cwd=str(self.compose_file.parent))
-        except CommandError as exc:
-            raise EngineError(
-                compose_advice(exc.output) or f"docker compose {args[0]} failed: {last_error(exc.output)}"
-            ) from exc
-
-
-def last_error(output: str) -> str:
-    """The line of compose's output that says what went wrong (its progress lines do not)."""
-    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if line.lower().startswith(("error", "failed"))]
-    return (errors or lines or ["no output"])[-1]
-
-
-def compose_advice(output: str) -> str | None:
-    """Turn the engine's words in compose output into advice, when we know them."""
-    port = re.search(r"(?:Bind for |listen tcp4? )([\d.:\[\]]+?):(\d+)(?:: bind)?.*(?:already|in use)", output)
-    if port:
-        return (
-            f"port {port.group(2)} on {port.group(1)} is already taken on the host; stop what holds it "
-            "or generate the lab with another --ssh-port-base/--tensorboard-port-base"
-        )
-    if "Cannot connect to the Docker daemon" in output or "Is the docker daemon running" in output:
-        return daemon_advice(RuntimeError("compose"))
-    if re.search(r"pull access denied|No such image|manifest unknown|failed to resolve reference", output):
-        return "an image the lab needs is missing and cannot be pulled; run `tflab build` first"
-    if "could not select device driver" in output:
-        return (
-            "the lab reserves GPUs but this engine has no NVIDIA runtime; install the NVIDIA "
-            "Container Toolkit, or generate a CPU lab with --gpus-per-node 0"
-        )
-    return None

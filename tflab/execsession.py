@@ -22,6 +22,7 @@ from tflab import guard
 from tflab.errors import Interrupted, TflabError, UserError
 from tflab.executor import Attached, Executor, Output
 from tflab.model import GRPC_PORT
+from tflab.launcher import warm_up
 from tflab.threads import parallel
 
 
@@ -47,6 +48,7 @@ class ExecSetup:
     commands: Mapping[str, str]
     env: Mapping[str, str]
     lock: Path
+    warm: bool = True
     ready_timeout_s: float = 120.0
     stop_grace_s: float = guard.STOP_GRACE_S
 
@@ -86,6 +88,8 @@ class ExecSession:
             if setup.servers:
                 with file_lock(setup.lock):
                     self._release_servers()
+            if setup.warm:
+                warm_up(self.executor, [setup.node, *setup.servers])
 
     # -- the servers -----------------------------------------------------------------------
 
@@ -103,8 +107,8 @@ class ExecSession:
                 return False
             self.executor.run(name, guard.stop([key], force=True))  # clear a dead one's traces
             log = f"/runs/{setup.task}/logs/{name}.log"
-            self.executor.spawn(name, guard.serve(key, lease, setup.commands[name], log), env=setup.env,
-                                workdir="/workspace")
+            self.executor.spawn(name, guard.serve(key, lease, setup.commands[name], log, warm=setup.warm),
+                                env=setup.env, workdir="/workspace")
             return True
 
         started = dict(zip(setup.servers, parallel(start, setup.servers)))
@@ -143,7 +147,7 @@ class ExecSession:
     def _run_node(self) -> int:
         setup = self.setup
         key = guard.exec_key(setup.task, setup.node, self.owner)
-        argv = guard.run(key, setup.commands[setup.node], grace_s=setup.stop_grace_s)
+        argv = guard.run(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
 
         def on_exit(code: int | None, reason: str | None) -> None:
             self.events.put(("exit", (code, reason)))

@@ -33,10 +33,14 @@ def lease(task: str) -> str:
     return f"exec.{task}"
 
 
-def run(key: str, command: str, held: bool = False, preload: bool = False,
+def run(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
         grace_s: float = STOP_GRACE_S) -> list[str]:
-    """Run `command` attached to tflab (stopped when tflab's connection ends); `held` waits for `go`."""
-    flags = (["--held"] if held else []) + (["--preload"] if preload else [])
+    """Run `command` attached to tflab (stopped when tflab's connection ends); `held` waits for `go`.
+
+    `warm` hands a Python program to the node's standby interpreter (TensorFlow imported
+    already) when there is one; `preload` imports TensorFlow while held when there is not.
+    """
+    flags = (["--held"] if held else []) + (["--preload"] if preload else []) + (["--warm"] if warm else [])
     return [*GUARD, "run", key, *flags, "--grace", f"{grace_s:g}", "--shell", command]
 
 
@@ -45,9 +49,20 @@ def run_argv(key: str, argv: list[str], grace_s: float = STOP_GRACE_S) -> list[s
     return [*GUARD, "run", key, "--grace", f"{grace_s:g}", "--", *argv]
 
 
-def serve(key: str, lease_name: str, command: str, log: str) -> list[str]:
+def serve(key: str, lease_name: str, command: str, log: str, warm: bool = False) -> list[str]:
     """A server that lives while some holder of `lease_name` lives (output to `log`)."""
-    return [*GUARD, "serve", key, "--lease", lease_name, "--log", log, "--shell", command]
+    return [*GUARD, "serve", key, *(["--warm"] if warm else []), "--lease", lease_name, "--log", log,
+            "--shell", command]
+
+
+def standby(idle_s: float = 1800.0) -> list[str]:
+    """Make the node's standby interpreter (TensorFlow imported, waiting for a --warm program)."""
+    return [*GUARD, "standby", "--idle", f"{idle_s:g}"]
+
+
+def warm() -> list[str]:
+    """Exit 0 while the node's standby is ready."""
+    return [*GUARD, "warm"]
 
 
 def serve_detached(key: str, argv: list[str], log: str) -> list[str]:

@@ -1,29 +1,24 @@
-"""Lab life cycle on one engine (compose): build, up, status, down."""
+"""Lab life cycle on one engine: build, up, status, down (the nodes as the lab's compose file says)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 
 import docker
 import docker.errors
+import yaml
 
-from tflab import base_image, hostsettings, links, node_image, nodes, ports, proc
+from tflab import base_image, containers, hostsettings, links, node_image, nodes, ports, proc
 from tflab.builds import BuildResult, Progress, image_exists
-from tflab.engine import Compose, find_compose
+from tflab.copying import Copier, docker_target
 from tflab.errors import EngineError, UserError
 from tflab.executor import DockerExecutor, Executor, SshExecutor
+from tflab.launcher import warm_up
 from tflab.labfiles import LabFiles
 from tflab.threads import parallel
 
-STATE_FILE = ".tflab-state.json"
 READY_TIMEOUT_S = 120.0
 
 
@@ -50,91 +45,6 @@ def connect_host(bind: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind, bind)
 
 
-def _load_state(lf: LabFiles) -> dict:
-    try:
-        state = json.loads((lf.root / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
-
-
-def _save_state(lf: LabFiles, state: dict) -> None:
-    (lf.root / STATE_FILE).write_text(json.dumps(state))
-
-
-@dataclass(frozen=True)
-class Sync:
-    """A host folder and where it lands in every node."""
-
-    kind: str  # code | data
-    source: Path
-    target: str
-
-
-def syncs(lf: LabFiles) -> list[Sync]:
-    """What `up` copies: the code always, the data unless it is mounted."""
-    out = []
-    if lf.config.code:
-        out.append(Sync("code", lf.resolve(lf.config.code), "/workspace"))
-    if lf.config.data and lf.config.data_mode == "copy":
-        out.append(Sync("data", lf.resolve(lf.config.data), "/data"))
-    for sync in out:
-        if not sync.source.is_dir():
-            raise UserError(f"the lab's {sync.kind} folder {sync.source} does not exist")
-    return out
-
-
-@dataclass(frozen=True)
-class CopyTarget:
-    """Where `up` copies a node's files: the id its copy is remembered by, and how to put an archive there."""
-
-    ident: str
-    put: Callable[[Path, str, tuple[str, ...]], None]  # (archive, target folder, files to remove)
-
-
-def docker_targets(client: docker.DockerClient, containers: dict) -> dict[str, CopyTarget]:
-    """Copy targets for containers of this host's engine."""
-    return {name: CopyTarget(c.id, partial(nodes.copy_into, client, c)) for name, c in containers.items()}
-
-
-def copy_changed(lf: LabFiles, targets: dict[str, CopyTarget], progress: Progress) -> list[str]:
-    """Copy into every node the files of code and data that changed since its last copy.
-
-    Each node's copy is remembered by file (size and mtime); only new and changed files
-    travel (one tar stream per node, all nodes at once) and files gone from the host are
-    removed. Nothing is cleared first. What was copied, as `kind→node`.
-    """
-    state = _load_state(lf)
-    copied: list[str] = []
-    for sync in syncs(lf):
-        manifest = nodes.manifest(sync.source, exclude=lf.root)
-        work: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
-        for name, target in targets.items():
-            old = state.get(target.ident, {}).get(sync.kind)
-            old = old if isinstance(old, dict) else {}
-            if old == manifest:
-                continue
-            changed = tuple(p for p, stamp in manifest.items() if old.get(p) != stamp)
-            removed = tuple(p for p in old if p not in manifest)
-            work.setdefault((changed, removed), []).append(name)
-        if not work:
-            continue
-        count = sum(len(names) for names in work.values())
-        progress.step(f"copying {sync.kind} ({sync.source}) into {count} node(s)")
-        for (changed, removed), names in work.items():
-            archive = nodes.pack(sync.source, list(changed))
-            try:
-                parallel(lambda name: targets[name].put(archive, sync.target, removed), names, name="copy")
-            finally:
-                archive.unlink(missing_ok=True)
-            for name in names:
-                state.setdefault(targets[name].ident, {})[sync.kind] = manifest
-                copied.append(f"{sync.kind}→{name}")
-    live = {t.ident for t in targets.values()}
-    _save_state(lf, {ident: v for ident, v in state.items() if ident in live})
-    return copied
-
-
 def check_ports_for_absent(lf: LabFiles, containers: dict) -> None:
     """Before starting nodes that are not running, make sure their ports are free."""
     wanted = []
@@ -156,8 +66,11 @@ def check_links(lf: LabFiles, client: docker.DockerClient, image: str) -> None:
         raise UserError(links.missing_qdisc_advice(qdisc, error))
 
 
-def up(lf: LabFiles, client: docker.DockerClient, compose: Compose, progress: Progress) -> list[str]:
-    """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied."""
+def up(lf: LabFiles, client: docker.DockerClient, progress: Progress) -> list[str]:
+    """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied, standbys made.
+
+    Each node, as soon as it runs, gets its copy and is waited on, while the others still start.
+    """
     built = ensure_image(lf, client, progress)
     lf.write_compose(built.tag)
     lf.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -165,12 +78,36 @@ def up(lf: LabFiles, client: docker.DockerClient, compose: Compose, progress: Pr
     check_ports_for_absent(lf, existing)
     if any(c.status != "running" for c in existing.values()) or len(existing) < len(lf.lab.nodes):
         check_links(lf, client, built.tag)
-    progress.step(f"starting {len(lf.lab.nodes)} nodes")
-    compose("up", "-d", "--remove-orphans", "--quiet-pull")
-    containers = nodes.lab_containers(client, lf.project)
+    doc = yaml.safe_load(lf.compose_path.read_text())
     host = connect_host(lf.lab.topology.bind)
-    wait_ready({n.name: (host, n.ssh_port) for n in lf.lab.nodes}, containers, progress)
-    return copy_changed(lf, docker_targets(client, containers), progress)
+    ports_of = {n.name: n.ssh_port for n in lf.lab.nodes}
+    copier = Copier(lf, progress)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+
+    def on_running(name: str, container) -> None:
+        copier.copy(name, docker_target(client, container))
+        if not nodes.wait_for_ssh(host, ports_of[name], deadline):
+            raise not_ready(name, (host, ports_of[name]), container)
+
+    progress.step(f"starting {len(lf.lab.nodes)} nodes")
+    try:
+        running = containers.start(client, doc, lf.root, lf.project, lf.compose_path, on_running)
+    finally:
+        copied = copier.finish()
+    if lf.config.warm:
+        # Once every node runs: their imports would only slow the others' start.
+        warm_up(DockerExecutor(client, running), list(running))
+    return copied
+
+
+def not_ready(name: str, target: tuple[str, int], container) -> EngineError:
+    """The error of a node whose sshd never answered, with the last thing it said."""
+    tail = ""
+    if container is not None:
+        logs = container.logs(tail=3).decode(errors="replace").strip()
+        tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
+    return EngineError(f"{name} did not answer SSH on {target[0]}:{target[1]} within {READY_TIMEOUT_S:.0f}s{tail}; "
+                       f"see `tflab logs {name}`")
 
 
 def wait_ready(targets: dict[str, tuple[str, int]], containers: dict, progress: Progress) -> None:
@@ -179,19 +116,9 @@ def wait_ready(targets: dict[str, tuple[str, int]], containers: dict, progress: 
     progress.step(f"waiting for {len(targets)} sshd(s)")
     names = list(targets)
     ready = dict(zip(names, parallel(lambda name: nodes.wait_for_ssh(*targets[name], deadline), names, name="ssh")))
-    late = [name for name, ok in ready.items() if not ok]
-    if late:
-        name = late[0]
-        host, port = targets[name]
-        container = containers.get(name)
-        tail = ""
-        if container is not None:
-            logs = container.logs(tail=3).decode(errors="replace").strip()
-            tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
-        raise EngineError(
-            f"{name} did not answer SSH on {host}:{port} within {READY_TIMEOUT_S:.0f}s{tail}; "
-            f"see `tflab logs {name}`"
-        )
+    for name, ok in ready.items():
+        if not ok:
+            raise not_ready(name, targets[name], containers.get(name))
 
 
 def status(lf: LabFiles, client: docker.DockerClient) -> dict[str, tuple[str, str]]:
@@ -228,15 +155,14 @@ def _remove(container) -> None:
 
 
 class ComposeLab:
-    """A lab on this host's engine, driven through compose: what every command needs of it."""
+    """A lab on this host's engine, as its compose file describes it: what every command needs of it."""
 
-    def __init__(self, lf: LabFiles, client: docker.DockerClient, compose: Compose | None = None) -> None:
+    def __init__(self, lf: LabFiles, client: docker.DockerClient) -> None:
         self.lf = lf
         self.client = client
-        self.compose = compose or Compose(lf.compose_path, lf.project)
 
     def up(self, progress: Progress) -> list[str]:
-        return up(self.lf, self.client, self.compose, progress)
+        return up(self.lf, self.client, progress)
 
     def down(self) -> tuple[int, int]:
         return down(self.lf.project, self.client)
@@ -269,6 +195,10 @@ class ComposeLab:
         return DockerExecutor(self.client, containers)
 
     def logs(self, node: str | None, follow: bool, tail: str) -> int:
-        """Show the nodes' logs (compose's own command); its exit code."""
-        args = ["logs", "--tail", tail] + (["--follow"] if follow else []) + ([node] if node else [])
-        return subprocess.call([*find_compose(), "-f", str(self.lf.compose_path), "-p", self.lf.project, *args])
+        """Print the nodes' logs, each line after its node's name (as compose does); 0."""
+        found = nodes.lab_containers(self.client, self.lf.project)
+        names = [node] if node else [n for n in self.lf.lab.names if n in found]
+        if not names or any(name not in found for name in names):
+            raise UserError(f"node {names[0] if names else 'of the lab'} is not up; run `tflab up` first")
+        nodes.print_logs({name: found[name] for name in names}, follow, tail)
+        return 0

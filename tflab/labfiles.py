@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tflab import config as cfg
-from tflab import keys, render
+from tflab import render
 from tflab.config import LabConfig
 from tflab.errors import UserError
 from tflab.model import Lab, plan
 
-STATE_DIR = ".tflab"  # tflab's own bookkeeping in a lab: copy stamps, locks, detached runs
+STATE_DIR = ".tflab"
+PRIVATE_KEY = "id_ed25519"
+PUBLIC_KEY = "id_ed25519.pub"  # tflab's own bookkeeping in a lab: copy stamps, locks, detached runs
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class LabFiles:
     @property
     def private_key(self) -> Path:
         """The lab's private key (mode 0600)."""
-        return self.keys_dir / keys.PRIVATE_KEY
+        return self.keys_dir / PRIVATE_KEY
 
     @property
     def runs_dir(self) -> Path:
@@ -129,6 +131,8 @@ def write_lab(config: LabConfig, root: Path, force: bool,
     lab_yaml = cfg.to_yaml(config)
     context = render.image_context(config)
     compose = render.compose_file(lab, config, root, render.image_tag(context))
+    from tflab import keys  # cryptography: only gen needs it
+
     pair = keys.new_key_pair(f"tflab-{config.name}")
 
     root.mkdir(parents=True, exist_ok=True)
@@ -150,12 +154,12 @@ def write_lab(config: LabConfig, root: Path, force: bool,
             os.chmod(image_dir / name, 0o755)
     keys_dir = root / cfg.KEYS_DIR
     keys_dir.mkdir(exist_ok=True)
-    private = keys_dir / keys.PRIVATE_KEY
+    private = keys_dir / PRIVATE_KEY
     private.unlink(missing_ok=True)
     fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(pair.private)
-    (keys_dir / keys.PUBLIC_KEY).write_text(pair.public)
+    (keys_dir / PUBLIC_KEY).write_text(pair.public)
     (root / cfg.COMPOSE_FILE).write_text(compose)
     # tflab.yaml last: a lab folder without it is not a lab, so an interrupted gen is no lab.
     (root / cfg.LAB_FILE).write_text(lab_yaml)

@@ -20,6 +20,7 @@ from typing import IO, Protocol
 from tflab import guard, steps
 from tflab.errors import TflabError
 from tflab.executor import Attached, Executor
+from tflab.threads import parallel
 from tflab.runstate import (
     Began, Event, Exited, Finish, Interrupted, Output, Release, RunMachine, RunPlan, Say, Serving, Start, Stop,
     Tick,
@@ -46,6 +47,7 @@ class RunSetup:
     env: Mapping[str, str]
     log_dir: Path
     preload: bool = True
+    warm: bool = True
     stop_grace_s: float = guard.STOP_GRACE_S
     report_every_s: float = 10.0
 
@@ -59,6 +61,18 @@ class RunResult:
     first_step_s: float | None = None
     result_line: str | None = None
     last_lines: dict[str, str] = field(default_factory=dict)
+
+
+def warm_up(executor: Executor, names: list[str]) -> None:
+    """Make each node's standby interpreter (a no-op where one is there already); never fails a command."""
+
+    def spawn(name: str) -> None:
+        try:
+            executor.spawn(name, guard.standby())
+        except TflabError as exc:
+            log.debug("no standby in %s: %s", name, exc)
+
+    parallel(spawn, names, name="standby")
 
 
 class Launcher:
@@ -126,6 +140,8 @@ class Launcher:
         for name in self.machine.running():  # never ended, even when told to: say so
             self.machine.handle(Exited(name, None, self.clock(), "did not stop; killed"))
         self._sweep(nodes, force=True)
+        if self.setup.warm:
+            warm_up(self.executor, nodes)  # ready for the next run (imports in the background)
         for handle in self.logs.values():
             handle.close()
         assert self.machine.finish is not None
@@ -157,7 +173,7 @@ class Launcher:
     def _start(self, name: str, held: bool, attempt: int) -> None:
         key = guard.run_key(self.setup.task, name)
         argv = guard.run(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
-                         grace_s=self.setup.stop_grace_s)
+                         warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s)
         handle = self.logs.get(name)
         if handle is None:
             handle = self.logs[name] = (self.setup.log_dir / f"{name}.log").open("ab")

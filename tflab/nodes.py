@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
+import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -47,6 +48,37 @@ def state_of(container: Container) -> tuple[str, str]:
     if status == "exited":
         status = f"exited ({state.get('ExitCode', '?')})"
     return status, health if status == "running" else "-"
+
+
+def print_logs(containers: dict[str, Container], follow: bool, tail: str) -> None:
+    """The containers' logs on stdout, each line after its node's name; with `follow`, until Ctrl-C."""
+    width = max(len(name) for name in containers)
+    lock = threading.Lock()
+    count: int | str = int(tail) if tail.isdigit() else "all"
+
+    def show(name: str) -> None:
+        pending = b""
+        for chunk in containers[name].logs(stream=True, follow=follow, tail=count):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            with lock:
+                for line in lines:
+                    sys.stdout.write(f"{name:<{width}} | {line.decode(errors='replace')}\n")
+                sys.stdout.flush()
+        if pending:
+            with lock:
+                sys.stdout.write(f"{name:<{width}} | {pending.decode(errors='replace')}\n")
+
+    if not follow:
+        for name in containers:
+            show(name)
+        return
+    threads = [threading.Thread(target=show, args=(name,), daemon=True) for name in containers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)
 
 
 def wait_for_http(url: str, deadline: float) -> bool:
@@ -99,16 +131,15 @@ def manifest(folder: Path, exclude: Path | None = None) -> dict[str, list[int]]:
     return out
 
 
-def pack(folder: Path, files: list[str]) -> Path:
-    """These files of `folder` as a tar on disk (streamed to every node without holding it in memory)."""
+def pack(entries: list[tuple[Path, str]]) -> Path:
+    """Files as a tar on disk, each under its name in the archive (streamed to every node from there)."""
     handle = tempfile.NamedTemporaryFile(prefix="tflab-copy-", suffix=".tar", delete=False)
     try:
         # Links are followed: a node cannot see what a link on the host points to.
         with tarfile.open(fileobj=handle, mode="w", dereference=True) as tar:
-            for relative in files:
-                path = folder / relative
+            for path, name in entries:
                 try:
-                    tar.add(path, arcname=relative, recursive=False)
+                    tar.add(path, arcname=name, recursive=False)
                 except OSError as exc:
                     raise UserError(f"cannot read {path} to copy it into the nodes: {exc.strerror or exc}") from exc
     finally:
@@ -116,21 +147,20 @@ def pack(folder: Path, files: list[str]) -> Path:
     return Path(handle.name)
 
 
-def copy_into(client: docker.DockerClient, container: Container, archive: Path, target: str,
+def copy_into(client: docker.DockerClient, container: Container, archive: Path,
               removed: tuple[str, ...] = ()) -> None:
-    """Unpack `archive` into `target` of `container` (files replaced in place), and delete `removed`."""
+    """Unpack `archive` at / in `container` (files replaced in place), and delete the `removed` paths."""
     with archive.open("rb") as data:
         try:
-            ok = client.api.put_archive(container.id, target, data)
+            ok = client.api.put_archive(container.id, "/", data)
         except docker.errors.APIError as exc:
-            raise EngineError(f"copying into {target} of {container.name} failed: {exc.explanation or exc}") from exc
+            raise EngineError(f"copying into {container.name} failed: {exc.explanation or exc}") from exc
     if not ok:
-        raise EngineError(f"copying into {target} of {container.name} failed")
+        raise EngineError(f"copying into {container.name} failed")
     for start in range(0, len(removed), 200):
-        chunk = [f"{target}/{p}" for p in removed[start:start + 200]]
-        code, out = exec_quiet(client, container, ["rm", "-f", "--", *chunk])
+        code, out = exec_quiet(client, container, ["rm", "-f", "--", *removed[start:start + 200]])
         if code != 0:
-            raise EngineError(f"cannot remove old files from {target} in {container.name}: {out.strip()}")
+            raise EngineError(f"cannot remove old files in {container.name}: {out.strip()}")
 
 
 def probe_links(client: docker.DockerClient, image: str, env: dict[str, str], project: str) -> str | None:

@@ -9,8 +9,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from tflab import config as cfg
 from tflab import links, resources
 from tflab.config import COMPOSE_FILE, LabConfig
@@ -19,8 +17,10 @@ from tflab.model import Lab
 
 
 @lru_cache(maxsize=1)
-def jinja_env() -> jinja2.Environment:
+def jinja_env():  # -> jinja2.Environment (imported here: most commands render nothing)
     """The one Jinja2 environment: strict about missing values, trailing newlines kept."""
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.path(resources.TEMPLATES))),
         undefined=jinja2.StrictUndefined,

@@ -19,13 +19,13 @@ import docker
 import docker.errors
 import yaml
 
+from tflab import copying, nodes, proc, render, validate
 from tflab import lab as lab_ops
-from tflab import nodes, proc, render, validate
 from tflab.builds import Progress
 from tflab.errors import CommandError, EngineError, TflabError, UserError
 from tflab.executor import DockerExecutor, Executor, SshExecutor
 from tflab.labfiles import LabFiles
-from tflab.threads import parallel
+from tflab.launcher import warm_up
 
 RUNNING_TIMEOUT_S = 180.0
 GONE_TIMEOUT_S = 120.0
@@ -144,7 +144,10 @@ class SwarmLab:
         self.wait_running(progress)
         targets = self.ssh_targets()
         lab_ops.wait_ready(targets, self.local_containers(), progress)
-        return lab_ops.copy_changed(self.lf, self.copy_targets(targets), progress)
+        copied = copying.copy_changed(self.lf, self.copy_targets(targets), progress)
+        if self.lf.config.warm:
+            warm_up(self.executor(list(targets)), list(targets))
+        return copied
 
     def _services(self) -> dict[str, object]:
         found = self.client.services.list(filters={"label": f"tflab.lab={self.stack}"})
@@ -262,14 +265,13 @@ class SwarmLab:
         here = DockerExecutor(self.client, {n: local[n] for n in names if n in local})
         return RoutingExecutor({n: here if n in local else ssh for n in names})
 
-    def copy_targets(self, targets: dict[str, tuple[str, int]]) -> dict[str, lab_ops.CopyTarget]:
-        local = self.local_containers()
-        out = lab_ops.docker_targets(self.client, local)
+    def copy_targets(self, targets: dict[str, tuple[str, int]]) -> dict[str, copying.CopyTarget]:
+        out = {name: copying.docker_target(self.client, c) for name, c in self.local_containers().items()}
         ssh = SshExecutor(targets, str(self.lf.private_key))
         for name, task in self._running_tasks().items():
             if name not in out:
                 ident = task.get("Status", {}).get("ContainerStatus", {}).get("ContainerID") or task["ID"]
-                out[name] = lab_ops.CopyTarget(ident, partial(_ssh_put, ssh, name))
+                out[name] = copying.CopyTarget(ident, partial(_ssh_put, ssh, name))
         return out
 
     def logs(self, node: str | None, follow: bool, tail: str) -> int:
@@ -285,13 +287,13 @@ class SwarmLab:
         return code
 
 
-def _ssh_put(ssh: SshExecutor, node: str, archive: Path, target: str, removed: tuple[str, ...]) -> None:
-    """Unpack `archive` into `target` on a node reached over SSH, and delete `removed` there."""
-    line = f"mkdir -p {shlex.quote(target)} && tar -x -C {shlex.quote(target)}"
+def _ssh_put(ssh: SshExecutor, node: str, archive: Path, removed: tuple[str, ...]) -> None:
+    """Unpack `archive` at / on a node reached over SSH, and delete the `removed` paths there."""
+    line = "tar -x -C /"
     if removed:
-        line += " && cd " + shlex.quote(target) + " && rm -f -- " + " ".join(shlex.quote(p) for p in removed)
+        line += " && rm -f -- " + " ".join(shlex.quote(p) for p in removed)
     with archive.open("rb") as data:
         done = subprocess.run(ssh.ssh_argv(node, line), stdin=data, capture_output=True, timeout=1800)
     if done.returncode != 0:
-        raise EngineError(f"copying into {target} of {node} over SSH failed: "
+        raise EngineError(f"copying into {node} over SSH failed: "
                           f"{done.stderr.decode(errors='replace').strip() or done.returncode}")

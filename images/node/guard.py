@@ -12,6 +12,12 @@ Every process tflab starts in a node runs under this guard, which ties it to tfl
   guard.py serve KEY [--lease LEASE] [--log FILE] -- ARGV | --shell CMD
       A server shared by several `tflab exec`s: it lives while a holder of LEASE lives
       (without --lease, until `stop`: TensorBoard).
+  guard.py run ... --warm
+      A Python program is handed to the node's standby (below) when there is one: it runs
+      there, with TensorFlow imported already.
+  guard.py standby [--idle S]  imports TensorFlow, then waits (on a unix socket) to become the
+      next --warm program; leaves after S seconds unused. One per node.
+  guard.py warm                exits 0 while the node's standby is ready.
   guard.py hold LEASE          holds LEASE until its standard input ends.
   guard.py held LEASE          exits 0 while some holder of LEASE lives.
   guard.py probe HOST:PORT [--key KEY] [--timeout S]
@@ -28,6 +34,7 @@ Standard library only: it runs under the node's own Python.
 import argparse
 import fnmatch
 import glob
+import json
 import os
 import re
 import runpy
@@ -196,7 +203,17 @@ def run(args):
     kind, argv = plan_command(args)
     connection = Connection()
     connection.start()
-    if args.preload and kind == "python" and can_run_here(argv):
+    python_program = kind == "python" and can_run_here(argv)
+    if args.warm and python_program:
+        claimed = claim_standby()
+        if claimed is not None:
+            if args.held:
+                connection.released.wait()
+            if connection.closed.is_set():
+                claimed.close()
+                return 143
+            return run_in_standby(args.key, argv, claimed, 1, 2, args.grace, connection.closed)
+    if args.preload and python_program:
         return run_in_process(args, argv, connection)
     if args.held:
         connection.released.wait()
@@ -243,6 +260,13 @@ def run_in_process(args, argv, connection):
         connection.released.wait()
     if connection.closed.is_set():
         return 143
+    code = run_program(argv)
+    write_exit(args.key, code)
+    return code
+
+
+def run_program(argv):
+    """`python script.py args` in this interpreter: the script as __main__, with its own argv and path."""
     script = argv[1]
     sys.argv = argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -258,8 +282,127 @@ def run_in_process(args, argv, connection):
 
         traceback.print_exc()
         code = 1
-    sys.stdout.flush()
-    write_exit(args.key, code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    return code
+
+
+# -- the warm standby ----------------------------------------------------------------------------
+# One interpreter per node with TensorFlow imported, waiting on a unix socket. A `run --warm`
+# hands it the program (argv, environment, folder, and its own stdout and stderr), and it
+# becomes the program: no import to pay when a run starts. It is made again after each run
+# (tflab asks), and leaves after a while unused.
+
+STANDBY_KEY = "standby"
+
+
+def standby_socket():
+    return os.path.join(STATE, "standby.sock")
+
+
+def standby(args):
+    if read_pid(STANDBY_KEY) is not None:
+        return 0  # this node has one already
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    write_pid(STANDBY_KEY, os.getpgrp())
+    try:
+        import tensorflow  # noqa: F401  (the point: paid before anyone waits for it)
+    except Exception:  # noqa: BLE001 - no TensorFlow: no standby
+        write_exit(STANDBY_KEY, 1)
+        return 1
+    path = standby_socket()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    server.bind(path)
+    server.listen(1)
+    server.settimeout(args.idle)
+    try:
+        connection, _ = server.accept()
+    except socket.timeout:
+        return 0
+    finally:
+        server.close()
+        for stale in (path, pid_path(STANDBY_KEY)):
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
+    connection.settimeout(None)
+    message, fds, _flags, _address = socket.recv_fds(connection, 1 << 20, 3)
+    if len(fds) != 3 or not message:
+        return 1
+    request = json.loads(message.decode())
+    connection.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+
+    def watch_requester():
+        # The guard that handed the program over stands for tflab: if it goes, so does the program.
+        try:
+            while connection.recv(1):
+                pass
+        except OSError:
+            pass
+        stop_group(os.getpgrp(), request.get("grace", 3.0))
+
+    threading.Thread(target=watch_requester, daemon=True).start()
+    code = run_program(request["argv"])
+    try:
+        connection.sendall((json.dumps({"exit": code}) + "\n").encode())
+    except OSError:
+        pass
+    return code
+
+
+def claim_standby(wait_s=60.0):
+    """A connection to this node's standby, waiting while one is still importing; None when there is none."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(standby_socket())
+            return sock
+        except OSError:
+            sock.close()
+        if read_pid(STANDBY_KEY) is None:
+            return None  # none importing either
+        time.sleep(0.05)
+    return None
+
+
+def run_in_standby(key, argv, standby_sock, stdout, stderr, grace, closed):
+    """Hand `argv` to the claimed standby and wait for its end; its exit code."""
+    with open(os.devnull, "rb") as devnull:
+        request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "grace": grace}
+        socket.send_fds(standby_sock, [json.dumps(request).encode()], [devnull.fileno(), stdout, stderr])
+    replies = standby_sock.makefile("r")
+    first = replies.readline()
+    if not first:
+        return 137  # it died as it took the program
+    pid = json.loads(first)["pid"]
+    write_pid(key, pid)
+
+    def on_close():
+        closed.wait()
+        stop_group(pid, grace)
+
+    threading.Thread(target=on_close, daemon=True).start()
+    last = replies.readline()
+    code = json.loads(last)["exit"] if last else 137  # no word from it: it was killed
+    write_exit(key, code)
     return code
 
 
@@ -269,22 +412,37 @@ def holders(lease):
 
 
 def serve(args):
-    _kind, argv = plan_command(args)
+    kind, argv = plan_command(args)
     if args.log:
         os.makedirs(os.path.dirname(args.log) or ".", exist_ok=True)
-    log = open(args.log, "ab", buffering=0) if args.log else subprocess.DEVNULL
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    write_pid(args.key, child.pid)
+    log = open(args.log, "ab", buffering=0) if args.log else open(os.devnull, "wb")
+    claimed = claim_standby() if args.warm and kind == "python" and can_run_here(argv) else None
+    closed = threading.Event()
+    if claimed is not None:
+        result = {}
+        program = threading.Thread(target=lambda: result.update(code=run_in_standby(
+            args.key, argv, claimed, log.fileno(), log.fileno(), args.grace, closed)), daemon=True)
+        program.start()
+        running = program.is_alive
+    else:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        write_pid(args.key, child.pid)
+        running = lambda: child.poll() is None  # noqa: E731
     started = time.monotonic()
     unheld_since = None
-    while child.poll() is None:
+    while running():
         time.sleep(0.2)
         if args.lease is None or holders(args.lease):
             unheld_since = None
             continue
         unheld_since = unheld_since or time.monotonic()
         if time.monotonic() - started > 10 and time.monotonic() - unheld_since > 0.5:
-            stop_group(child.pid, args.grace)
+            closed.set()
+            if claimed is None:
+                stop_group(child.pid, args.grace)
+    if claimed is not None:
+        program.join()
+        return result.get("code", 137)
     code = exit_code(child.wait())
     write_exit(args.key, code)
     return code
@@ -303,6 +461,11 @@ def hold(args):
     finally:
         os.unlink(path)
     return 0
+
+
+def warm(_args):
+    """Exit 0 when this node's standby is ready (imported and listening)."""
+    return 0 if read_pid(STANDBY_KEY) is not None and os.path.exists(standby_socket()) else 1
 
 
 def held(args):
@@ -362,16 +525,21 @@ def main(argv=None):
     p.add_argument("key")
     p.add_argument("--held", action="store_true")
     p.add_argument("--preload", action="store_true")
+    p.add_argument("--warm", action="store_true", help="hand a Python program to this node's standby")
     p.add_argument("--grace", type=float, default=3.0)
     command_args(p)
     p = verbs.add_parser("serve")
     p.add_argument("key")
+    p.add_argument("--warm", action="store_true", help="hand a Python program to this node's standby")
     p.add_argument("--lease", help="live while a holder of it lives (default: until stopped)")
     p.add_argument("--log")
     p.add_argument("--grace", type=float, default=3.0)
     command_args(p)
     p = verbs.add_parser("hold")
     p.add_argument("lease")
+    p = verbs.add_parser("standby")
+    p.add_argument("--idle", type=float, default=1800.0, help="leave after this many seconds unused")
+    p = verbs.add_parser("warm")
     p = verbs.add_parser("held")
     p.add_argument("lease")
     p = verbs.add_parser("probe")
@@ -389,7 +557,7 @@ def main(argv=None):
     split = words.index("--") if "--" in words else len(words)
     args = parser.parse_args(words[:split])
     args.argv = words[split + 1:]
-    handlers = {"run": run, "serve": serve, "hold": hold, "held": held, "probe": probe, "alive": alive, "stop": stop}
+    handlers = {"run": run, "serve": serve, "hold": hold, "held": held, "standby": standby, "warm": warm, "probe": probe, "alive": alive, "stop": stop}
     return handlers[args.verb](args)
 
 

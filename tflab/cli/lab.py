@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from tflab import base_image, engine, hostsettings, lab as lab_ops, node_image, proc, views
+from tflab import base_image, copying, engine, hostsettings, lab as lab_ops, node_image, proc, views
 from tflab.cli.common import LabOption, backend, console, open_lab, progress
 
 
@@ -46,7 +46,7 @@ def build(
     with progress("node image") as report:
         result = lab_ops.ensure_image(lf, client, report, force=force)
         if bake:
-            folders = {sync.target: sync.source for sync in lab_ops.syncs(lf)}
+            folders = {sync.target: sync.source for sync in copying.syncs(lf)}
             baked = node_image.bake(client, result.tag, folders, tag, report)
     if lf.config.target == "compose":
         lf.write_compose(result.tag)

@@ -52,6 +52,7 @@ def exec_(
     setup = ExecSetup(
         task=task.name, node=node, servers=tuple(n.name for n in servers), commands=tasks.commands(lf.lab, task),
         env=tasks.task_env(task.name), lock=lf.state_dir / f"exec-{task.name}.lock",
+        warm=lf.config.warm and task.preload,
     )
     executor = side.executor([node, *setup.servers], via)
     output = StreamOut()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, Annotated
 
 import typer
+from rich.console import Console
 from rich.text import Text
 
 from tflab import engine, guard, runrecord, tasks, views
@@ -118,7 +119,7 @@ def run(
         launcher = Launcher(
             executor, plan,
             RunSetup(task, tasks.commands(lf.lab, definition), tasks.task_env(task), folder / runrecord.LOG_DIR,
-                     preload=definition.preload),
+                     preload=definition.preload, warm=lf.config.warm),
             sink, on_state=lambda state, machine: record.write(state, machine),
         )
         sink.on_broken = lambda: launcher.interrupt("the output pipe closed")
