@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from tflab.errors import EngineError, UserError
 from tflab.threads import parallel
 
 SERVICE_KEYS = {"image", "hostname", "working_dir", "init", "restart", "shm_size", "ulimits", "cap_add", "labels",
-                "environment", "ports", "volumes", "networks", "deploy"}
+                "environment", "ports", "volumes", "networks", "deploy", "healthcheck"}
 TOP_KEYS = {"name", "services", "networks"}
 
 
@@ -95,6 +96,7 @@ def services(doc: dict[str, Any], lab_dir: Path, project: str, compose_file: Pat
             "ulimits": [docker.types.Ulimit(name=k, soft=int(v), hard=int(v))
                         for k, v in (entry.get("ulimits") or {}).items()] or None,
             "device_requests": _gpus(name, entry.get("deploy")),
+            "healthcheck": _healthcheck(name, entry.get("healthcheck")),
             "detach": True,
         }
         # As compose does: the service's and the container's names resolve too.
@@ -122,6 +124,27 @@ def _mounts(service: str, volumes: list[Any], lab_dir: Path) -> list[docker.type
         source = source if source.is_absolute() else (lab_dir / source).resolve()
         out.append(docker.types.Mount(volume["target"], str(source), type="bind",
                                       read_only=bool(volume.get("read_only", False))))
+    return out
+
+
+def _duration_ns(text: str) -> int:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", str(text).strip())
+    if not match:
+        raise UserError(f"the compose file's duration {text!r} is not one tflab reads (write 3s, 500ms, 1m)")
+    return int(float(match.group(1)) * {"ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}[match.group(2)])
+
+
+def _healthcheck(service: str, check: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not check:
+        return None
+    if set(check) - {"test", "interval", "timeout", "start_period", "retries"}:
+        raise _refuse(f"service {service}", f"the healthcheck {check!r}")
+    out: dict[str, Any] = {"test": list(check["test"])}
+    for key, field_name in (("interval", "interval"), ("timeout", "timeout"), ("start_period", "start_period")):
+        if key in check:
+            out[field_name] = _duration_ns(check[key])
+    if "retries" in check:
+        out["retries"] = int(check["retries"])
     return out
 
 

@@ -10,7 +10,7 @@ import docker
 import docker.errors
 import yaml
 
-from tflab import base_image, containers, hostsettings, links, node_image, nodes, ports, proc
+from tflab import base_image, containers, hostsettings, links, node_image, nodes, ports, proc, render
 from tflab.builds import BuildResult, Progress, image_exists
 from tflab.copying import Copier, docker_target
 from tflab.errors import EngineError, UserError
@@ -36,8 +36,24 @@ def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, 
         )
     elif not image_exists(client, base):
         node_image.pull(client, base, progress)
-    base_id = client.images.get(base).id
-    return node_image.build_node(client, lf.image_context(), lf.image_tag(base_id), base, progress, force=force)
+    base_image_ = client.images.get(base)
+    context = lf.image_context()
+    tag = lf.image_tag(base_image_.id)
+    if node_image.is_local_base(base) and carries_node_files(base_image_, context, lf):
+        # tflab's own base carries the node's files already: it is the node image, as it is.
+        if force or not image_exists(client, tag):
+            base_image_.tag(*tag.rsplit(":", 1))
+            return BuildResult(tag, base_image_.id, built=True)
+        return BuildResult(tag, base_image_.id, built=False)
+    return node_image.build_node(client, context, tag, base, progress, force=force)
+
+
+def carries_node_files(base, context: dict[str, bytes], lf: LabFiles) -> bool:
+    """Whether `base` holds exactly the lab's node files, and the lab's Dockerfile is tflab's own (unedited)."""
+    files = {name: content for name, content in context.items() if name != "Dockerfile"}
+    stock = render.dockerfile(lf.config).encode()
+    return (context.get("Dockerfile") == stock
+            and base.labels.get(base_image.NODE_FILES_LABEL) == base_image.node_files_hash(files))
 
 
 def connect_host(bind: str) -> str:

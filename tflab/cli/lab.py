@@ -56,7 +56,8 @@ def build(
                         "once it is pushed where the cluster pulls from", soft_wrap=True)
         return
     if result.built:
-        console().print(f"built {result.tag} ({result.image_id[7:19]}); log: {result.log}")
+        how = f"log: {result.log}" if result.log else "tflab's base carries the node's files: nothing to build"
+        console().print(f"built {result.tag} ({result.image_id[7:19]}); {how}")
     else:
         console().print(f"{result.tag} is up to date ({result.image_id[7:19]})")
 
