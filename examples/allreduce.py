@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch_size_per_replica", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=0.5)
+    parser.add_argument("--hidden_units", type=int, default=128)
     args = parser.parse_args()
 
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
@@ -44,7 +45,7 @@ def main() -> None:
         return ds.shuffle(2048, seed=context.input_pipeline_id).repeat().batch(batch, drop_remainder=True)
 
     with strategy.scope():
-        model = Mlp(tf, data["x_train"].shape[1])
+        model = Mlp(tf, data["x_train"].shape[1], hidden=args.hidden_units)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
     @tf.function

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: a 4-node lab (the host's GPUs split across it, or CPU-only) trains the
-# classic asynchronous MNIST example end to end, then is torn down.
+# classic asynchronous MNIST-style example end to end, then is torn down.
 #   KEEP=1 ./scripts/demo.sh   keeps the lab up afterwards (tflab down --lab .demo/lab ends it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,18 +8,16 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 
 LAB=.demo/lab
-DATA=.demo/data
-mkdir -p .demo
-[ -f "$DATA/digits.npz" ] || python examples/prepare_data.py "$DATA"
-
-gpu_args=()
+gpu_args=(--gpus-per-node 0)
 if command -v nvidia-smi >/dev/null && count=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l) && [ "$count" -gt 0 ]; then
     per_node=$(( count / 4 )); [ "$per_node" -ge 1 ] || { per_node=1; gpu_args+=(--share-gpus); }
-    gpu_args+=(--gpus-per-node "$per_node")
+    gpu_args=(--gpus-per-node "$per_node")
 fi
 
 tflab down --lab "$LAB" 2>/dev/null || true
-tflab gen --force --lab "$LAB" --nodes 4 --base auto --code examples --data "$DATA" "${gpu_args[@]}"
+# No --code, no --data, no --base: the bundled examples and digits, and a base that works
+# with or without a registry (`auto`).
+tflab gen --force --lab "$LAB" --nodes 4 "${gpu_args[@]}"
 tflab up --lab "$LAB"
 cleanup() { [ -n "${KEEP:-}" ] || tflab down --lab "$LAB"; }
 trap cleanup EXIT

@@ -145,3 +145,23 @@ def labs(tmp_path: Path, docker_client, base_image) -> Iterator[LabFactory]:
     factory = LabFactory(tmp_path, docker_client)
     yield factory
     factory.cleanup()
+
+
+# A task that trains until it is stopped.
+LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
+        "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")
+
+
+@pytest.fixture
+def long_lab(labs, runner) -> Path:
+    """A running 3-node lab (ps0, worker0, worker1) with the examples and the task `long`."""
+    import yaml
+
+    lab = labs.gen(nodes=3)
+    path = lab / "tflab.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["tasks"]["long"] = LONG
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 0, up.stderr
+    return lab

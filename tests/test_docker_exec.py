@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from test_docker_run import add_tasks, task_processes
+from test_docker_run import task_processes
 from tflab import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
-        "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")
 
 
 class Terminal:
@@ -46,12 +44,8 @@ class Terminal:
 
 
 @pytest.fixture
-def exec_lab(labs, runner) -> Path:
-    lab = labs.gen(nodes=3)
-    add_tasks(lab, {"long": LONG})
-    up = runner.invoke(cli, ["up", "--lab", str(lab)])
-    assert up.exit_code == 0, up.stderr
-    return lab
+def exec_lab(long_lab: Path) -> Path:
+    return long_lab
 
 
 def test_exec_of_a_task_starts_its_ps_trains_and_stops_it(exec_lab: Path, runner, docker_client) -> None:
@@ -74,8 +68,9 @@ def test_two_terminals_share_one_ps_and_ctrl_c_stops_only_its_own(exec_lab: Path
     second.wait_for("worker1: first step done")
     running = task_processes(docker_client, project)
     assert sorted(running) == ["ps0", "worker0", "worker1"]
-    servers = [p for p in running["ps0"].split("; ") if p.startswith("python /workspace/mnist_async.py --job_name=ps")]
+    servers = [p for p in running["ps0"].split("; ") if "guard.py serve serve.long.ps0" in p]
     assert len(servers) == 1, running["ps0"]  # one ps for both
+    assert running["ps0"].count("guard.py hold exec.long") == 2  # held by both execs
 
     second.child.send_signal(signal.SIGINT)  # Ctrl-C in the second terminal
     code, text = second.end()

@@ -107,3 +107,20 @@ def test_node_runs_tensorflow_and_sshd_takes_the_key_and_refuses_passwords(labs,
     settings = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "--", "/usr/sbin/sshd", "-T"])
     assert "passwordauthentication no" in settings.stdout
     assert "permitrootlogin without-password" in settings.stdout
+
+
+def test_bake_puts_the_code_and_data_in_an_image_for_clusters(labs, runner, docker_client) -> None:
+    import uuid
+
+    lab = labs.gen(nodes=2)
+    tag = f"tflab-baked-test:{uuid.uuid4().hex[:8]}"
+    try:
+        baked = runner.invoke(cli, ["build", "--bake", "--tag", tag, "--lab", str(lab)])
+        assert baked.exit_code == 0, baked.stderr
+        assert baked.stdout.startswith(f"baked {tag} (") and f"--image {tag}" in baked.stdout
+        listing = docker_client.containers.run(tag, ["sh", "-c", "ls /workspace /data"], entrypoint=[], remove=True)
+        assert b"mnist_async.py" in listing and b"digits.npz" in listing
+        again = runner.invoke(cli, ["build", "--bake", "--tag", tag, "--lab", str(lab)])
+        assert again.stdout.startswith(f"up to date: {tag}")
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)

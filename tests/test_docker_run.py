@@ -34,15 +34,31 @@ def add_tasks(lab: Path, tasks: dict) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
+SWEEP = ("for f in /run/tflab/run.*.pid /run/tflab/exec.*.pid /run/tflab/serve.*.pid; "
+         "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,args=")
+
+
 def task_processes(client, project: str) -> dict[str, str]:
-    """Every node's processes other than the node's own (init, sshd) and the probe itself."""
+    """Every node's processes but its own: init, sshd, an idle standby interpreter, an exec being set up.
+
+    A standby running a task's program (its pid is in a task's pid file) counts.
+    """
     left = {}
     for name, container in nodes.lab_containers(client, project).items():
         if container.status != "running":
             continue  # a stopped node runs nothing
-        _, out = exec_quiet(client, container, ["ps", "-eo", "args="])
-        rest = [line for line in out.splitlines()
-                if line.strip() and not line.startswith(("/sbin/docker-init", "sshd", "ps -eo"))]
+        _, out = exec_quiet(client, container, ["sh", "-c", SWEEP])
+        tasks, listing = out.split("--\n", 1)
+        busy = set(tasks.split())
+        rest = []
+        for line in listing.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            args = args.strip()
+            if not args or args.startswith(("/sbin/docker-init", "sshd", "ps -eo", "sh -c for f in", "runc init")):
+                continue
+            if args.startswith("python3 /usr/local/share/tflab/guard.py standby") and pid not in busy:
+                continue
+            rest.append(args)
         if rest:
             left[name] = "; ".join(rest)
     return left

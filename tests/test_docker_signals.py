@@ -13,23 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from test_docker_run import add_tasks, task_processes
+from test_docker_run import task_processes
 from tflab import labfiles, nodes
 from tflab.executor import exec_quiet
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
-        "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")
 TFLAB = [sys.executable, "-m", "tflab"]
-
-
-@pytest.fixture
-def long_lab(labs, runner) -> Path:
-    lab = labs.gen(nodes=3)
-    add_tasks(lab, {"long": LONG})
-    up = runner.invoke(cli, ["up", "--lab", str(lab)])
-    assert up.exit_code == 0, up.stderr
-    return lab
 
 
 def start_run(lab: Path, *args: str) -> subprocess.Popen:

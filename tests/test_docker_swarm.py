@@ -58,7 +58,7 @@ def test_a_swarm_lab_trains_over_docker_exec_and_over_ssh_and_goes_away(swarm, l
 
         for via in ("docker", "ssh"):
             trained = runner.invoke(cli, ["run", "train", "--via", via, "--lab", str(lab)])
-            assert trained.exit_code == 0, trained.stdout[-3000:]
+            assert trained.exit_code == 0, (via, trained.stdout[-3000:], trained.stderr[-2000:])
             accuracy = [line for line in lines_of(trained.stdout, "worker0") if "test accuracy" in line]
             assert accuracy and float(accuracy[-1].split()[-1]) >= 0.9, (via, accuracy)
             assert complete_checkpoint(lf.runs_dir / "train"), via

@@ -346,7 +346,9 @@ class SshExecutor:
     def spawn(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
               workdir: str = "/") -> None:
         assigned = [f"{k}={v}" for k, v in (env or {}).items()]
-        line = (f"cd {shlex.quote(workdir)} && nohup env {shlex.join([*assigned, *argv])} "
+        # `;`, not `&&`: only the command goes to the background, with none of the session's
+        # descriptors (a backgrounded list would keep them, and the session open, until it ends).
+        line = (f"cd {shlex.quote(workdir)} || exit 1; nohup env {shlex.join([*assigned, *argv])} "
                 "</dev/null >/dev/null 2>&1 &")
         code, out = self._run_line(node, line)
         if code != 0:

@@ -402,6 +402,12 @@ def run_in_standby(key, argv, standby_sock, stdout, stderr, grace, closed):
     threading.Thread(target=on_close, daemon=True).start()
     last = replies.readline()
     code = json.loads(last)["exit"] if last else 137  # no word from it: it was killed
+    # Its end is ours only once it is gone (an interpreter with TensorFlow takes a moment to exit),
+    # with anything it started.
+    deadline = time.monotonic() + grace
+    while group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop_group(pid, grace)
     write_exit(key, code)
     return code
 

@@ -1,0 +1,65 @@
+"""One error boundary: whatever goes wrong reaches the user as one line (the traceback only with -v)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import docker.errors
+import pytest
+import requests
+
+from conftest import cli
+from tflab import engine, nodes
+from tflab.lab import ComposeLab
+
+
+@pytest.fixture
+def lab(runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "lab"
+    monkeypatch.setattr("tflab.ports.port_free", lambda host, port: True)
+    assert runner.invoke(cli, ["gen", "--lab", str(folder), "--nodes", "2"]).exit_code == 0
+    monkeypatch.setattr(engine, "client", lambda: object())  # no engine needed: `down` is made to fail below
+    return folder
+
+
+@pytest.mark.parametrize(("error", "code", "line"), [
+    (docker.errors.APIError("500 Server Error", explanation="network lab not found"), 3,
+     "tflab: error: the Docker engine refused: network lab not found"),
+    (requests.exceptions.ConnectionError("Connection aborted"), 3,
+     "tflab: error: cannot reach the Docker daemon at "),
+    (PermissionError(13, "Permission denied", "/var/run/docker.sock"), 1,
+     "tflab: error: Permission denied (/var/run/docker.sock)"),
+    (RuntimeError("something unforeseen"), 1,
+     "tflab: error: internal error: RuntimeError: something unforeseen (`tflab -v ...` shows where)"),
+])
+def test_any_error_is_one_line_with_an_exit_code(runner, lab: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 error: Exception, code: int, line: str) -> None:
+    def failing(self):
+        raise error
+
+    monkeypatch.setattr(ComposeLab, "down", failing)
+    result = runner.invoke(cli, ["down", "--lab", str(lab)])
+    assert result.exit_code == code
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(line), result.stderr
+    assert "Traceback" not in result.stderr
+    verbose = runner.invoke(cli, ["-v", "down", "--lab", str(lab)])
+    assert verbose.exit_code == code and "Traceback (most recent call last)" in verbose.stderr
+
+
+def test_a_dangling_link_in_the_code_folder_is_left_out(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print(1)\n")
+    os.symlink(tmp_path / "gone", code / "dangling.py")
+    (code / "data").mkdir()
+    os.symlink(code / "train.py", code / "data" / "alias.py")
+    assert sorted(nodes.manifest(code)) == ["data/alias.py", "train.py"]
+    archive = nodes.pack([(code / "data" / "alias.py", "workspace/data/alias.py")])
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        member = tar.getmember("workspace/data/alias.py")
+        assert member.isfile() and tar.extractfile(member).read() == b"print(1)\n"  # links are followed
+    archive.unlink()
