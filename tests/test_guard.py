@@ -51,6 +51,14 @@ def live_members(pgid: int) -> list[int]:
     return members
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_for(check, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -140,6 +148,8 @@ def test_stop_clears_what_an_earlier_run_left(state: Path) -> None:
     assert wait_for(lambda: len(list(state.glob("*.pid"))) == 3)
     done = subprocess.run([sys.executable, str(GUARD), "stop", "run.train.*", "--grace", "0.5"])
     assert done.returncode == 0
+    # Stopped means gone, the guards that ran them included (at most a zombie awaiting our wait).
+    assert [child.pid for child in leftovers if running(child.pid)] == []
     for child in leftovers:
         assert child.wait(timeout=10) in (143, 137)
     assert other.poll() is None and sorted(p.name for p in state.glob("*.pid")) == ["run.other.worker0.pid"]

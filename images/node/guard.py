@@ -517,7 +517,41 @@ def stop(args):
     for path in glob.glob(os.path.join(STATE, "*.exit")):
         if any(fnmatch.fnmatchcase(os.path.basename(path)[:-5], pattern) for pattern in args.patterns):
             os.unlink(path)
-    return 0
+    # Stopped means gone: the guards that started those groups too (they end once their
+    # program has; one that lingers past the grace is killed).
+    deadline = time.monotonic() + (0 if args.force else args.grace)
+    while True:
+        left = wrappers(args.patterns)
+        if not left:
+            return 0
+        if time.monotonic() >= deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            deadline = float("inf")
+        time.sleep(0.05)
+
+
+def wrappers(patterns):
+    """Pids of the guards (`run`, `serve`) of keys matching `patterns`, this one excepted."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                argv = handle.read().decode(errors="replace").split("\0")
+            with open("/proc/%s/stat" % entry) as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # a zombie is gone but for its parent's wait
+        except (OSError, IndexError):
+            continue
+        if (len(argv) > 3 and argv[1].endswith("guard.py") and argv[2] in ("run", "serve")
+                and any(fnmatch.fnmatchcase(argv[3], pattern) for pattern in patterns)):
+            found.append(int(entry))
+    return found
 
 
 def command_args(parser):
