@@ -10,8 +10,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 LAB=.demo/lab
 gpu_args=(--gpus-per-node 0)
 if command -v nvidia-smi >/dev/null && count=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l) && [ "$count" -gt 0 ]; then
-    per_node=$(( count / 4 )); [ "$per_node" -ge 1 ] || { per_node=1; gpu_args+=(--share-gpus); }
-    gpu_args=(--gpus-per-node "$per_node")
+    per_node=$(( count / 4 )); share=()
+    [ "$per_node" -ge 1 ] || { per_node=1; share=(--share-gpus); }
+    gpu_args=(--gpus-per-node "$per_node" "${share[@]}")
 fi
 
 tflab down --lab "$LAB" 2>/dev/null || true

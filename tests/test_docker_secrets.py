@@ -39,7 +39,7 @@ def saved_image_holds(image: str, needle: bytes) -> bool:
 
 
 def test_pip_settings_and_proxies_given_to_a_build_stay_out_of_the_images(labs, runner, docker_client,
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path, monkeypatch) -> None:
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     port = closed_port()
     tag = f"tflab-base:secret-test-{uuid.uuid4().hex[:8]}"
@@ -59,6 +59,9 @@ def test_pip_settings_and_proxies_given_to_a_build_stay_out_of_the_images(labs, 
         # The build used the setting (pip shows the link with its password masked) ...
         assert f"tflab:****@127.0.0.1:{port}/wheels" in log.read_text()
         lab = labs.gen("--base", tag, nodes=1)
+        # The node image's Dockerfile build gets the host's proxies (for its apt-get), credentials and all.
+        monkeypatch.setenv("HTTPS_PROXY", f"http://tflab:{secret}@127.0.0.1:{port}")
+        monkeypatch.setenv("http_proxy", f"http://tflab:{secret}@127.0.0.1:{port}")
         built = runner.invoke(cli, ["build", "--lab", str(lab)])
         assert built.exit_code == 0, built.stderr
         node = built.stdout.split()[1]
@@ -72,7 +75,7 @@ def test_pip_settings_and_proxies_given_to_a_build_stay_out_of_the_images(labs, 
             assert secret not in history, f"{image}: the secret is in docker history"
             inspected = json.dumps(docker_client.api.inspect_image(image))
             assert secret not in inspected, f"{image}: the secret is in docker inspect"
-            assert "PIP_FIND_LINKS" not in inspected and "NO_PROXY" not in inspected
+            assert "PIP_FIND_LINKS" not in inspected and "NO_PROXY" not in inspected and "HTTPS_PROXY" not in inspected
             assert not saved_image_holds(image, secret.encode()), f"{image}: the secret is in a layer"
     finally:
         for image in reversed(images):

@@ -157,22 +157,33 @@ def _debootstrap(client: docker.DockerClient, mirror: AptMirror, raw: str, rootf
     if os.geteuid() != 0:
         raise UserError("building the local base needs root (debootstrap); run `sudo tflab base`")
     with log_path.open("a") as log:
-        progress.step(f"debootstrap {mirror.suite} from {mirror.uri}")
+        progress.step(f"debootstrap {mirror.suite} from {hostsettings.without_credentials(mirror.uri)}")
         argv = [
             "debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
             mirror.suite, str(rootfs), mirror.uri,
         ]
         if run_logged(argv, log, progress) != 0:
             raise EngineError(
-                f"debootstrap of {mirror.suite} from {mirror.uri} failed; is the mirror reachable? "
+                f"debootstrap of {mirror.suite} from {hostsettings.without_credentials(mirror.uri)} failed; "
+                "is the mirror reachable? "
                 f"log: {log_path}"
             )
+    scrub_sources(rootfs)
     for key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
         key.unlink()  # every node makes its own host key when it starts
     for cache in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
         cache.unlink()
     progress.step("importing the debootstrapped system into the engine")
     _import(client, rootfs, raw, [])
+
+
+def scrub_sources(rootfs: Path) -> None:
+    """debootstrap keeps the mirror in the tree's apt sources: a password in its address stays on the host."""
+    sources = rootfs / "etc" / "apt" / "sources.list"
+    if sources.is_file():
+        sources.write_text("".join(
+            " ".join(hostsettings.without_credentials(word) for word in line.split(" ")) + "\n"
+            for line in sources.read_text().splitlines()))
 
 
 def install_script(package: str) -> str:

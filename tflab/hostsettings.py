@@ -162,6 +162,21 @@ def proxy_env(settings: PipSettings) -> str:
                    if name in PROXY_VARS)
 
 
+def proxy_build_args(environ: Mapping[str, str]) -> dict[str, str]:
+    """The host's proxies as build arguments of a Dockerfile build.
+
+    Only Docker's predefined proxy arguments: the engine keeps them out of `docker history`
+    and the image's configuration (the Dockerfile declares none of them).
+    """
+    names = (*PROXY_VARS, "FTP_PROXY", "ftp_proxy")
+    return {name: environ[name] for name in names if environ.get(name)}
+
+
+def without_credentials(uri: str) -> str:
+    """`uri` with any `user:password@` taken out (it is shown, or kept in an image)."""
+    return re.sub(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", r"\1", uri)
+
+
 def build_files(settings: PipSettings) -> dict[str, bytes]:
     """The files a build mounts read-only at BUILD_MOUNT: pip.conf, proxy.env, ca.pem."""
     ca_path = f"{BUILD_MOUNT}/ca.pem" if settings.ca_bundle is not None else None

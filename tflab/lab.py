@@ -45,7 +45,8 @@ def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, 
             base_image_.tag(*tag.rsplit(":", 1))
             return BuildResult(tag, base_image_.id, built=True)
         return BuildResult(tag, base_image_.id, built=False)
-    return node_image.build_node(client, context, tag, base, progress, force=force)
+    return node_image.build_node(client, context, tag, base, progress, force=force,
+                                 proxies=hostsettings.proxy_build_args(os.environ))
 
 
 def carries_node_files(base, context: dict[str, bytes], lf: LabFiles) -> bool:

@@ -70,9 +70,13 @@ def tar_context(files: dict[str, bytes]) -> io.BytesIO:
 
 def build_node(
     client: docker.DockerClient, context: dict[str, bytes], tag: str, base: str, progress: Progress,
-    force: bool = False,
+    force: bool = False, proxies: dict[str, str] | None = None,
 ) -> BuildResult:
-    """Build the node image as `tag` on `base` unless the engine has it already."""
+    """Build the node image as `tag` on `base` unless the engine has it already.
+
+    `proxies` (Docker's predefined proxy arguments, see hostsettings.proxy_build_args) reach
+    the build's apt-get and are kept in no image.
+    """
     if not force and image_exists(client, tag):
         return BuildResult(tag, client.images.get(tag).id, built=False)
     log_path = new_log("node")
@@ -81,7 +85,7 @@ def build_node(
         try:
             for chunk in client.api.build(
                 fileobj=tar_context(context), custom_context=True, tag=tag, rm=True, forcerm=True,
-                decode=True, buildargs={"BASE_IMAGE": base}, labels={"tflab.image": "node"},
+                decode=True, buildargs={"BASE_IMAGE": base, **(proxies or {})}, labels={"tflab.image": "node"},
             ):
                 if "stream" in chunk:
                     text = chunk["stream"]

@@ -29,7 +29,7 @@ def base(
         result = base_image.build_base(client, mirror, pip, report, gpu=gpu, force=force, tensorflow=tensorflow,
                                        tag=tag)
     if result.built:
-        console().print(f"built {result.tag} ({result.image_id[7:19]}) from {mirror.uri} {mirror.suite}; log: {result.log}")
+        console().print(f"built {result.tag} ({result.image_id[7:19]}) from {hostsettings.without_credentials(mirror.uri)} {mirror.suite}; log: {result.log}")
     else:
         console().print(f"{result.tag} is up to date ({result.image_id[7:19]})")
 
