@@ -6,7 +6,8 @@ Prints one line per measure as it goes and a table at the end (medians with min�
 ratio tflab / the other side, the target and whether it was met); writes the table to
 bench/results/latest.md. Needs the engine; builds the local base when it is missing.
 `cold-start` removes every tflab image first (it measures an engine with no images) and
-checks out the code before issue 14 (OLD_REVISION) to measure it in the same run.
+checks out the code before issue 14 (OLD_REVISION) to measure it in the same run, the two
+alternated, `--repeats` / 3 times each (that code needs debootstrap installed).
 """
 
 from __future__ import annotations
@@ -355,10 +356,11 @@ def remove_tflab_images() -> None:
     subprocess.run(["docker", "image", "prune", "-f"], capture_output=True)
 
 
-def phases(argv: list[str], marks: dict[str, str], cwd: Path | None = None) -> dict[str, float]:
+def phases(argv: list[str], marks: dict[str, str], cwd: Path | None = None,
+           env: dict[str, str] | None = None) -> dict[str, float]:
     """Run `argv`; seconds at which each mark (a phrase of its progress lines) first appeared, and the end."""
     started = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
     seen: dict[str, float] = {}
     assert child.stdout is not None
     tail = []
@@ -376,7 +378,10 @@ def phases(argv: list[str], marks: dict[str, str], cwd: Path | None = None) -> d
 def cold_start(tflab: list[str], root: Path, old: bool) -> dict[str, float]:
     """Engine with no images → the chief's first step: base, node image, up, first step."""
     remove_tflab_images()
-    base = phases([*tflab, "base"], {"pip": "pip install", "import": "importing tflab-base"})
+    # A fresh machine: no pip cache on the host either (the wheels tflab fetches beside the bootstrap
+    # come from the index, as the old code's did).
+    base = phases([*tflab, "base"], {"pip": "pip install", "import": "importing tflab-base"},
+                  env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
     if old:
         lab = gen(root, 4, "--base", "local", "--code", str(REPO / "examples"), "--data",
                   str(REPO / "examples" / "data"), tflab=tflab)
@@ -388,7 +393,7 @@ def cold_start(tflab: list[str], root: Path, old: bool) -> dict[str, float]:
     sh([*tflab, "down", "--lab", str(lab)])
     out = {"base": base["end"], "node image": node, "up": up, "first step": first}
     out["total"] = sum(out.values())
-    out["base: debootstrap"] = base["pip"]  # with the import of the debootstrapped tree
+    out["base: bootstrap"] = base["pip"]  # debootstrap (before) or mmdebstrap (now), with its tree's import
     # Before: pip, its import check and the container's commit, one step; now pip, then one import.
     out["base: pip and commit/import"] = base["end"] - base["pip"]
     print(f"cold start ({'before' if old else 'now'}): " + ", ".join(f"{k} {v:.1f}s" for k, v in out.items()) +
@@ -410,9 +415,11 @@ def old_tflab(root: Path) -> list[str]:
 
 def bench_cold_start(root: Path, repeats: int) -> None:
     before = old_tflab(root)
-    then = [cold_start(before, root, old=True) for _ in range(max(1, repeats // 3))]
-    now = [cold_start(TFLAB, root, old=False) for _ in range(max(1, repeats // 3))]
-    for part in ("base: debootstrap", "base: pip and commit/import", "base", "node image", "up", "first step"):
+    then, now = [], []
+    for _ in range(max(1, repeats // 3)):  # alternated, so that a drift of the machine hits both sides
+        then.append(cold_start(before, root, old=True))
+        now.append(cold_start(TFLAB, root, old=False))
+    for part in ("base: bootstrap", "base: pip and commit/import", "base", "node image", "up", "first step"):
         row(f"cold start, {part}: now vs before issue 14", [n[part] for n in now], [t[part] for t in then])
     ratio = row("cold start, engine with no images → chief's first step: now vs before issue 14",
                 [n["total"] for n in now], [t["total"] for t in then])

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make this machine ready for tflab: a Docker Engine, debootstrap, an ssh client, and
+# Make this machine ready for tflab: a Docker Engine, mmdebstrap, an ssh client, and
 # tflab itself in .venv (with a Compose v2 binary). Idempotent; installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ if ! docker info >/dev/null 2>&1; then
     fi
     docker info >/dev/null 2>&1 || { say "the Docker daemon is not running: start it (sudo systemctl start docker)"; exit 1; }
 fi
-command -v debootstrap >/dev/null || { say "installing debootstrap (for the registry-free base image)"; apt_install debootstrap; }
+command -v mmdebstrap >/dev/null || { say "installing mmdebstrap (for the registry-free base image)"; apt_install mmdebstrap; }
 command -v ssh >/dev/null || { say "installing the ssh client"; apt_install openssh-client; }
 for extra in "$@"; do
     command -v "$extra" >/dev/null || { say "installing $extra"; apt_install "$extra"; }

@@ -88,7 +88,7 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
-    """The local base image (debootstrap + pip tensorflow-cpu), built once if missing."""
+    """The local base image (mmdebstrap + pip tensorflow-cpu), built once if missing."""
     done = subprocess.run(
         [sys.executable, "-m", "tflab", "base"], capture_output=True, text=True, timeout=1500,
     )

@@ -1,4 +1,4 @@
-"""The local base image, for hosts with no container registry: debootstrap, pip, docker import.
+"""The local base image, for hosts with no container registry: mmdebstrap/debootstrap, pip, docker import.
 
 Built from the distribution's own packages (the host's apt mirror) and pip (the host's
 index, proxies and CA bundle). Those settings reach the build as files in a read-only bind
@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -33,6 +37,7 @@ BASE_PACKAGES = (
 EXTRA_PIP = ("tensorboard",)  # TensorFlow 2.20+ no longer brings it; `tflab tensorboard` needs it
 VENV = "/opt/tensorflow"
 RAW_REPOSITORY = "tflab-base-raw"
+WHEELS_MOUNT = "/run/tflab-wheels"
 
 
 def base_tag(gpu: bool) -> str:
@@ -55,7 +60,7 @@ def build_base(
     client: docker.DockerClient, mirror: AptMirror, pip: PipSettings, progress: Progress,
     gpu: bool = False, force: bool = False, tensorflow: str | None = None, tag: str | None = None,
 ) -> BuildResult:
-    """The local base: a debootstrapped system, TensorFlow by pip, and the node's own files, imported once.
+    """The local base: a bootstrapped system, TensorFlow by pip, and the node's own files, imported once.
 
     Nothing is committed from a container (each commit walks the whole file system on some
     storage drivers): pip installs into a folder of the host mounted into a throwaway
@@ -75,12 +80,17 @@ def build_base(
     raw = f"{RAW_REPOSITORY}:{raw_recipe(mirror)}"
     with tempfile.TemporaryDirectory(prefix="tflab-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        if image_exists(client, raw):
-            progress.step("unpacking the debootstrapped system kept from an earlier build")
-            _export(client, raw, rootfs)
-        else:
-            _debootstrap(client, mirror, raw, rootfs, progress, log_path)
-        _install_tensorflow(client, raw, rootfs, package, pip, progress, log_path)
+        # The wheels download on the host while the system is bootstrapped (both wait on the network).
+        prefetch = WheelPrefetch.start(Path(tmp) / "wheels", [package, *EXTRA_PIP], pip, mirror)
+        try:
+            if image_exists(client, raw):
+                progress.step("unpacking the bootstrapped system kept from an earlier build")
+                _export(client, raw, rootfs)
+            else:
+                _bootstrap(client, mirror, raw, rootfs, progress, log_path)
+        finally:
+            wheels = prefetch.finish(log_path) if prefetch else None
+        _install_tensorflow(client, raw, rootfs, package, pip, progress, log_path, wheels)
         install_node_files(rootfs)
         progress.step(f"importing {tag} into the engine")
         _import(client, rootfs, tag, [
@@ -149,36 +159,41 @@ def _import(client: docker.DockerClient, rootfs: Path, tag: str, changes: list[s
         tar.wait()
 
 
-def _debootstrap(client: docker.DockerClient, mirror: AptMirror, raw: str, rootfs: Path, progress: Progress,
-                 log_path: Path) -> None:
+BOOTSTRAP_TOOLS = ("mmdebstrap", "debootstrap")  # mmdebstrap first: one apt run, about a third faster
+
+
+def bootstrap_tool(which: Callable[[str], str | None] = shutil.which) -> str:
+    """The tool that makes the minimal system: mmdebstrap where installed, else debootstrap."""
+    for tool in BOOTSTRAP_TOOLS:
+        if which(tool) is not None:
+            return tool
+    raise UserError("neither mmdebstrap nor debootstrap is installed; run `apt-get install mmdebstrap` (as root)")
+
+
+def _bootstrap(client: docker.DockerClient, mirror: AptMirror, raw: str, rootfs: Path, progress: Progress,
+               log_path: Path) -> None:
     """The distribution's minimal system into `rootfs` (also kept as the raw image, for rebuilds)."""
-    if shutil.which("debootstrap") is None:
-        raise UserError("debootstrap is not installed; run `apt-get install debootstrap` (as root)")
+    tool = bootstrap_tool()
     if os.geteuid() != 0:
-        raise UserError("building the local base needs root (debootstrap); run `sudo tflab base`")
+        raise UserError(f"building the local base needs root ({tool}); run `sudo tflab base`")
+    where = hostsettings.without_credentials(mirror.uri)
     with log_path.open("a") as log:
-        progress.step(f"debootstrap {mirror.suite} from {hostsettings.without_credentials(mirror.uri)}")
-        argv = [
-            "debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-            mirror.suite, str(rootfs), mirror.uri,
-        ]
+        progress.step(f"{tool} {mirror.suite} from {where}")
+        argv = [tool, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", mirror.suite, str(rootfs),
+                mirror.uri]
         if run_logged(argv, log, progress) != 0:
-            raise EngineError(
-                f"debootstrap of {mirror.suite} from {hostsettings.without_credentials(mirror.uri)} failed; "
-                "is the mirror reachable? "
-                f"log: {log_path}"
-            )
+            raise EngineError(f"{tool} of {mirror.suite} from {where} failed; is the mirror reachable? log: {log_path}")
     scrub_sources(rootfs)
     for key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
         key.unlink()  # every node makes its own host key when it starts
     for cache in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
         cache.unlink()
-    progress.step("importing the debootstrapped system into the engine")
+    progress.step("importing the bootstrapped system into the engine")
     _import(client, rootfs, raw, [])
 
 
 def scrub_sources(rootfs: Path) -> None:
-    """debootstrap keeps the mirror in the tree's apt sources: a password in its address stays on the host."""
+    """The bootstrap keeps the mirror in the tree's apt sources: a password in its address stays on the host."""
     sources = rootfs / "etc" / "apt" / "sources.list"
     if sources.is_file():
         sources.write_text("".join(
@@ -186,20 +201,74 @@ def scrub_sources(rootfs: Path) -> None:
             for line in sources.read_text().splitlines()))
 
 
-def install_script(package: str) -> str:
-    """The build's shell script: proxies from the mounted file, pip configured by the mounted pip.conf."""
+def target_python_is_ours(mirror: AptMirror, os_release: str, system_python: Path) -> bool:
+    """Whether the base's Python will be this interpreter's version (so wheels fetched here fit it).
+
+    True when this host runs the release the base is made of (its apt sources name it) and
+    that release's python3 has this interpreter's version.
+    """
+    codename = re.search(r"^VERSION_CODENAME=\"?([\w.-]+)\"?$", os_release, re.MULTILINE)
+    return (codename is not None and codename.group(1) == mirror.suite
+            and system_python.resolve().name == f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+@dataclass
+class WheelPrefetch:
+    """`pip download` on the host of what the base installs, beside the bootstrap."""
+
+    folder: Path
+    child: subprocess.Popen
+    log: Path
+
+    @classmethod
+    def start(cls, folder: Path, packages: list[str], pip: PipSettings, mirror: AptMirror) -> WheelPrefetch | None:
+        try:
+            os_release = Path("/etc/os-release").read_text()
+        except OSError:
+            return None
+        if not target_python_is_ours(mirror, os_release, Path("/usr/bin/python3")):
+            return None  # the base's Python differs: its own pip fetches everything
+        folder.mkdir(parents=True)
+        log = folder.with_suffix(".log")
+        env = {**os.environ, **pip.env, **({"PIP_CERT": str(pip.ca_bundle)} if pip.ca_bundle else {})}
+        with log.open("w") as out:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+                 "--only-binary", ":all:", "-d", str(folder), *packages],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return cls(folder, child, log)
+
+    def finish(self, log_path: Path) -> Path | None:
+        """The folder of wheels when every one came, else None (the base's pip then uses the index)."""
+        code = self.child.wait()
+        with log_path.open("a") as log:
+            log.write(f"--- wheels fetched on the host beside the bootstrap (exit {code}) ---\n")
+            log.write(self.log.read_text(errors="replace"))
+        return self.folder if code == 0 else None
+
+
+def install_script(package: str, wheels: bool = False) -> str:
+    """The build's shell script: proxies from the mounted file, pip configured by the mounted pip.conf.
+
+    With `wheels`, the wheels fetched on the host are installed first (no index); should they
+    not fit this Python after all, pip installs from the index as without them.
+    """
+    pip = f"{VENV}/bin/pip install --no-cache-dir --progress-bar off --disable-pip-version-check"
+    packages = f"'{package}' {' '.join(EXTRA_PIP)}"
+    install = f"{pip} {packages}"
+    if wheels:
+        install = f"{{ {pip} --no-index --find-links {WHEELS_MOUNT} {packages} || {install}; }}"
     return (
         f"set -e; set -a; . {BUILD_MOUNT}/proxy.env; set +a; "
         f"python3 -m venv {VENV}; "
-        f"{VENV}/bin/pip install --no-cache-dir --progress-bar off --disable-pip-version-check "
-        f"'{package}' {' '.join(EXTRA_PIP)}; "
+        f"{install}; "
         # The wheel's files are there; importing it (seconds of CPU) is left to the first run.
         f"{VENV}/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"tensorflow\") is None)'"
     )
 
 
 def _install_tensorflow(client: docker.DockerClient, raw: str, rootfs: Path, package: str, pip: PipSettings,
-                        progress: Progress, log_path: Path) -> None:
+                        progress: Progress, log_path: Path, wheels: Path | None = None) -> None:
     """pip install TensorFlow into a venv in `rootfs`, mounted into a throwaway container of the raw base."""
     progress.step(f"pip install {package}")
     venv = rootfs / VENV.lstrip("/")
@@ -211,11 +280,12 @@ def _install_tensorflow(client: docker.DockerClient, raw: str, rootfs: Path, pac
             path.chmod(0o644)
         os.chmod(settings_dir, 0o755)
         container = client.containers.create(
-            raw, ["sh", "-c", install_script(package)],
+            raw, ["sh", "-c", install_script(package, wheels=wheels is not None)],
             # Only the file's path: the settings themselves stay in the mount.
             environment={"PIP_CONFIG_FILE": f"{BUILD_MOUNT}/pip.conf"},
             mounts=[docker.types.Mount(BUILD_MOUNT, settings_dir, type="bind", read_only=True),
-                    docker.types.Mount(VENV, str(venv), type="bind")],
+                    docker.types.Mount(VENV, str(venv), type="bind"),
+                    *([docker.types.Mount(WHEELS_MOUNT, str(wheels), type="bind", read_only=True)] if wheels else [])],
             labels={"tflab.build": "base"},
         )
         try:

@@ -102,6 +102,14 @@ def _links(client: docker.DockerClient | None) -> Check:
                  " ".join(f"modprobe sch_{q}" for q in missing))
 
 
+def _bootstrap_tool() -> Check:
+    why = "builds the local base where no registry is reachable"
+    found = [tool for tool in ("mmdebstrap", "debootstrap") if shutil.which(tool)]
+    if found:
+        return Check(found[0], "ok", why)
+    return Check("mmdebstrap", "warn", f"missing (and no debootstrap): {why}", "apt-get install mmdebstrap")
+
+
 def _tool(name: str, why: str, package: str) -> Check:
     if shutil.which(name):
         return Check(name, "ok", why)
@@ -120,6 +128,6 @@ def run_checks() -> list[Check]:
         _disk(client),
         _ports((SSH_PORT_BASE, TENSORBOARD_PORT_BASE), 4),
         _links(client),
-        _tool("debootstrap", "builds the local base where no registry is reachable", "debootstrap"),
+        _bootstrap_tool(),
         _tool("ssh", "`tflab ssh`", "openssh-client"),
     ]

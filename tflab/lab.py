@@ -26,7 +26,7 @@ def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, 
     """The lab's node image, built (with the local base first, when that is missing) if needed."""
     base = node_image.resolve_base(lf.config.base_image, lf.config.has_gpus, client)
     if node_image.is_local_base(base) and not image_exists(client, base):
-        progress.step(f"the local base {base} is missing: building it once (debootstrap + pip)")
+        progress.step(f"the local base {base} is missing: building it once (mmdebstrap or debootstrap, then pip)")
         base_image.build_base(
             client,
             hostsettings.parse_apt_sources(hostsettings.read_apt_sources()),

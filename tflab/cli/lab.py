@@ -21,7 +21,7 @@ def base(
     tensorflow: Annotated[str | None, typer.Option(help="pip requirement for TensorFlow (default tensorflow-cpu).")] = None,
     tag: Annotated[str | None, typer.Option(help="Tag the base as this (default tflab-base:cpu, or :gpu); labs use it with --base TAG.")] = None,
 ) -> None:
-    """Build the local base image (debootstrap + pip) for hosts with no container registry."""
+    """Build the local base image (mmdebstrap or debootstrap, then pip) for hosts with no container registry."""
     client = engine.client()
     mirror = hostsettings.parse_apt_sources(hostsettings.read_apt_sources())
     pip = hostsettings.pip_settings(proc.run, os.environ, ca_bundle, index_url)
