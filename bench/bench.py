@@ -1,6 +1,6 @@
 """tflab against doing it by hand, measured side by side in one run on one machine.
 
-    .venv/bin/python bench/bench.py [--repeats 3] [--skip NAME ...] [--only NAME ...]
+    .venv/bin/python bench/bench.py [--repeats 3] [--cold-repeats N] [--skip NAME ...] [--only NAME ...]
 
 Prints one line per measure as it goes and a table at the end (medians with min–max, the
 ratio tflab / the other side, the target and whether it was met); writes the table to
@@ -413,10 +413,13 @@ def old_tflab(root: Path) -> list[str]:
     return [str(folder / ".venv" / "bin" / "tflab")]
 
 
+COLD_REPEATS = {"n": None}  # --cold-repeats; default: --repeats / 3 (each cold start takes minutes)
+
+
 def bench_cold_start(root: Path, repeats: int) -> None:
     before = old_tflab(root)
     then, now = [], []
-    for _ in range(max(1, repeats // 3)):  # alternated, so that a drift of the machine hits both sides
+    for _ in range(COLD_REPEATS["n"] or max(1, repeats // 3)):  # alternated: a drift of the machine hits both
         then.append(cold_start(before, root, old=True))
         now.append(cold_start(TFLAB, root, old=False))
     for part in ("base: bootstrap", "base: pip and commit/import", "base", "node image", "up", "first step"):
@@ -462,7 +465,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", nargs="*", default=[], choices=list(STEPS))
     parser.add_argument("--only", nargs="*", default=[], choices=list(STEPS))
+    parser.add_argument("--cold-repeats", type=int, help="cold starts of each side (default: --repeats / 3)")
     args = parser.parse_args()
+    COLD_REPEATS["n"] = args.cold_repeats
     chosen = [name for name in STEPS if name not in args.skip and (not args.only or name in args.only)]
     if "cold-start" not in chosen or chosen.index("cold-start") != len(chosen) - 1:
         sh([*TFLAB, "base"])
@@ -472,7 +477,8 @@ def main() -> None:
             STEPS[name](Path(tmp), args.repeats)
     machine = (f"{platform.node()}: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
                f"engine {engine.client().version().get('Version')} on {engine.client().info().get('Driver')}")
-    lines = [f"machine: {machine}; {time.strftime('%Y-%m-%d')}; --repeats {args.repeats}; "
+    lines = [f"machine: {machine}; {time.strftime('%Y-%m-%d')}; --repeats {args.repeats}"
+             f"{f'; --cold-repeats {args.cold_repeats}' if args.cold_repeats else ''}; "
              f"{(time.time() - started) / 60:.0f} min", "",
              "| measure | tflab | other side | ratio | target |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in ROWS]
