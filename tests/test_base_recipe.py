@@ -45,3 +45,19 @@ def test_the_install_tries_the_fetched_wheels_then_the_index() -> None:
             f"{base_image.WHEELS_MOUNT} 'tensorflow-cpu' tensorboard || /opt/tensorflow/bin/pip install") in with_wheels
     # Settings come from the mounted files only: nothing of them on the command line.
     assert with_wheels.startswith(f"set -e; set -a; . {base_image.BUILD_MOUNT}/proxy.env; set +a;")
+
+
+def test_a_prefetch_gives_its_wheels_only_when_it_succeeded_and_stops_with_the_build(tmp_path: Path) -> None:
+    import subprocess
+
+    log = tmp_path / "base.log"
+    done = base_image.WheelPrefetch(tmp_path, subprocess.Popen(["sh", "-c", "exit 0"]), tmp_path / "w.log")
+    (tmp_path / "w.log").write_text("Saved ./tensorflow_cpu.whl\n")
+    assert done.finish(log) == tmp_path
+    assert "wheels fetched on the host beside the bootstrap (exit 0)" in log.read_text()
+    assert "Saved ./tensorflow_cpu.whl" in log.read_text()
+    failed = base_image.WheelPrefetch(tmp_path, subprocess.Popen(["sh", "-c", "exit 1"]), tmp_path / "w.log")
+    assert failed.finish(log) is None  # the base's pip then fetches from the index
+    hanging = base_image.WheelPrefetch(tmp_path, subprocess.Popen(["sleep", "60"]), tmp_path / "w.log")
+    hanging.cancel()
+    assert hanging.child.returncode is not None

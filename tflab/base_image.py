@@ -88,8 +88,11 @@ def build_base(
                 _export(client, raw, rootfs)
             else:
                 _bootstrap(client, mirror, raw, rootfs, progress, log_path)
-        finally:
-            wheels = prefetch.finish(log_path) if prefetch else None
+        except BaseException:
+            if prefetch:
+                prefetch.cancel()
+            raise
+        wheels = prefetch.finish(log_path) if prefetch else None
         _install_tensorflow(client, raw, rootfs, package, pip, progress, log_path, wheels)
         install_node_files(rootfs)
         progress.step(f"importing {tag} into the engine")
@@ -237,6 +240,11 @@ class WheelPrefetch:
                  "--only-binary", ":all:", "-d", str(folder), *packages],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
         return cls(folder, child, log)
+
+    def cancel(self) -> None:
+        """The build stopped: so does the download."""
+        self.child.kill()
+        self.child.wait()
 
     def finish(self, log_path: Path) -> Path | None:
         """The folder of wheels when every one came, else None (the base's pip then uses the index)."""
