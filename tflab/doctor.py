@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import docker
 
 from tflab import engine, gpus, nodes, ports, proc
-from tflab.errors import TflabError
+from tflab.errors import TflabError, UserError
 from tflab.model import SSH_PORT_BASE, TENSORBOARD_PORT_BASE
 
 
@@ -103,11 +103,13 @@ def _links(client: docker.DockerClient | None) -> Check:
 
 
 def _bootstrap_tool() -> Check:
+    from tflab.base_image import bootstrap_tool
+
     why = "builds the local base where no registry is reachable"
-    found = [tool for tool in ("mmdebstrap", "debootstrap") if shutil.which(tool)]
-    if found:
-        return Check(found[0], "ok", why)
-    return Check("mmdebstrap", "warn", f"missing (and no debootstrap): {why}", "apt-get install mmdebstrap")
+    try:
+        return Check(bootstrap_tool(), "ok", why)
+    except UserError:
+        return Check("mmdebstrap", "warn", f"missing (and no debootstrap): {why}", "apt-get install mmdebstrap")
 
 
 def _tool(name: str, why: str, package: str) -> Check:
