@@ -13,6 +13,7 @@ alternated, `--repeats` / 3 times each (that code needs debootstrap installed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -31,8 +32,12 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import free_port_base  # noqa: E402
-from tflab import copying, engine, labfiles, nodes  # noqa: E402
-from tflab import lab as lab_ops  # noqa: E402
+
+from tflab.engine import compose_lab as lab_ops  # noqa: E402
+from tflab.engine import copying, daemon  # noqa: E402
+from tflab.engine.containers import lab_containers  # noqa: E402
+from tflab.host import labfiles  # noqa: E402
+from tflab.plan import machines  # noqa: E402
 
 TFLAB = [sys.executable, "-m", "tflab"]
 OLD_REVISION = "d43b0a4"  # main before issues 10-14: the cold start they are measured against
@@ -74,7 +79,7 @@ def gen(root: Path, count: int, *extra: str, tflab: list[str] = TFLAB) -> Path:
 
 
 def down(lab: Path) -> None:
-    lab_ops.down(labfiles.open_lab(lab).project, engine.client())
+    lab_ops.down(labfiles.open_lab(lab).project, daemon.client())
 
 
 def add_task(lab: Path, name: str, command: str) -> None:
@@ -88,8 +93,8 @@ def add_task(lab: Path, name: str, command: str) -> None:
 def raw_up(lab: Path) -> None:
     """By hand: docker compose up -d of the generated file, then docker cp of code and data into each node."""
     lf = labfiles.open_lab(lab)
-    sh([*engine.find_compose(), "-f", str(lf.compose_path), "-p", lf.project, "up", "-d"])
-    for container in nodes.lab_containers(engine.client(), lf.project).values():
+    sh([*daemon.find_compose(), "-f", str(lf.compose_path), "-p", lf.project, "up", "-d"])
+    for container in lab_containers(daemon.client(), lf.project).values():
         sh(["docker", "cp", f"{lf.root / 'code'}/.", f"{container.id}:/workspace"])
         sh(["docker", "cp", f"{lf.root / 'data'}/.", f"{container.id}:/data"])
 
@@ -183,7 +188,7 @@ def wait_warm(containers: dict, timeout: float = 120) -> None:
     """Until every node's standby interpreter is ready (so nothing imports TensorFlow behind a measure)."""
     deadline = time.monotonic() + timeout
     for container in containers.values():
-        while subprocess.run(["docker", "exec", container.id, "python3", "/usr/local/share/tflab/guard.py", "warm"],
+        while subprocess.run(["docker", "exec", container.id, "python3", "/usr/local/share/tflab/guard.pyz", "warm"],
                              capture_output=True).returncode != 0:
             if time.monotonic() > deadline:
                 raise RuntimeError("the standbys did not get ready")
@@ -199,7 +204,7 @@ def bench_first_step(root: Path, repeats: int) -> None:
                                   "--train_steps=300")
     sh([*TFLAB, "up", "--lab", str(cold)])
     sh([*TFLAB, "up", "--lab", str(lab)])
-    containers = nodes.lab_containers(engine.client(), labfiles.open_lab(lab).project)
+    containers = lab_containers(daemon.client(), labfiles.open_lab(lab).project)
     script = root / "by-hand.sh"
     script.write_text(HAND_SCRIPT)
     env = {**os.environ, "PS0": containers["ps0"].id, "W0": containers["worker0"].id,
@@ -280,6 +285,97 @@ def bench_overhead(root: Path, repeats: int) -> None:
         "≥ 0.97", ratio >= 0.97, unit="/s")
 
 
+# -- machines and watching (issue 19) ------------------------------------------------------------
+
+
+def run_rate(lab: Path, task: str, *options: str) -> float:
+    """Examples/s of one whole run of `task`: the workers' last `steps/s here`, summed, times the batch."""
+    out = sh([*TFLAB, "run", task, "--lab", str(lab), *options], timeout=1800)
+    last: dict[str, float] = {}
+    for line in out.splitlines():
+        match = re.match(r"\[(worker\d+)\] .*\(([\d.]+) steps/s", line)
+        if match:
+            last[match.group(1)] = float(match.group(2))
+    return sum(last.values()) * 64
+
+
+def bench_metrics(root: Path, repeats: int) -> None:
+    """What watching the cluster costs the training: the same run with its figures written and without."""
+    lab = gen(root, 4)
+    sh([*TFLAB, "up", "--lab", str(lab)])
+    watched, plain = [], []
+    for _ in range(repeats):  # alternated, so a drift of the machine hits both
+        watched.append(run_rate(lab, "train", "--metrics"))
+        plain.append(run_rate(lab, "train", "--no-metrics"))
+    down(lab)
+    ratio = statistics.median(watched) / statistics.median(plain)
+    row("examples/s of `train`, 4 nodes: cluster metrics written (TensorBoard) vs not (higher is better)",
+        watched, plain, "≥ 0.98", ratio >= 0.98, unit="/s")
+
+
+def demo_time(root: Path, *split: str) -> float:
+    """The demo's wall time: gen, up, run train, down, from the local base."""
+    def whole() -> None:
+        lab = gen(root, 4, *split)
+        sh([*TFLAB, "up", "--lab", str(lab)])
+        sh([*TFLAB, "run", "train", "--lab", str(lab)], timeout=1800)
+        sh([*TFLAB, "down", "--lab", str(lab)])
+
+    return timed(whole)
+
+
+def bench_split(root: Path, repeats: int) -> None:
+    """The demo with each node a machine (the default) and with every node sharing the host, for the record."""
+    split, shared = [], []
+    for _ in range(repeats):
+        split.append(demo_time(root))
+        shared.append(demo_time(root, "--cpus-per-node", "0", "--memory-per-node", "0"))
+    row("demo wall time (gen, up, run train, down), 4 nodes: the default split vs --cpus-per-node 0 "
+        "--memory-per-node 0", split, shared, note="for the record")
+
+
+def node_memory_mb(lab: Path) -> float:
+    """The mean memory a node of `lab` uses now (its cgroup's, less file cache), from `tflab top`."""
+    out = sh([*TFLAB, "top", "--once", "--json", "--lab", str(lab)], timeout=300)
+    used = [row["memory"]["used_mb"] for row in json.loads(out)["nodes"] if row.get("memory", {}).get("used_mb")]
+    return statistics.mean(used)
+
+
+def bench_scale(root: Path, repeats: int) -> None:
+    """`up`, time to the chief's first step, and each node's memory, at 4, 16 and 32 nodes (the default split)."""
+    short = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
+             "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100")
+    for count in (4, 16, 32):
+        ups, firsts, idle, warm = [], [], [], []
+        for _ in range(max(1, repeats // 2)):
+            lab = gen(root, count, "--no-warm")  # idle nodes: sshd and nothing else
+            sh([*TFLAB, "up", "--lab", str(lab)], timeout=1800)
+            idle.append(node_memory_mb(lab))
+            down(lab)
+            lab = gen(root, count)  # as users get it: the warm interpreter where it fits
+            add_task(lab, "short", short)
+            ups.append(timed(lambda: sh([*TFLAB, "up", "--lab", str(lab)], timeout=1800)))
+            lf = labfiles.open_lab(lab)
+            if lf.warm:
+                wait_warm(lab_containers(daemon.client(), lf.project), timeout=900)
+                warm.append(node_memory_mb(lab))
+            firsts.append(first_step_time([*TFLAB, "run", "short", "--lab", str(lab)], ["worker0"], timeout=1800))
+            down(lab)
+        machine = labfiles.open_lab(gen(root, count)).lab.nodes[0].machine
+        share = f"{machine.cpus:g} CPU, {machines.memory_text(machine.memory_mib)} each"
+        row(f"scale, {count} nodes ({share}): `tflab up`", ups, None, note="for the record")
+        row(f"scale, {count} nodes: time to the chief's first step", firsts, None, note="for the record")
+        row(f"scale, {count} nodes: memory per node, idle (no warm interpreter)", idle, None, unit=" MB",
+            note="for the record")
+        if warm:
+            row(f"scale, {count} nodes: memory per node, with the warm interpreter", warm, None, unit=" MB",
+                note="for the record")
+        else:
+            ROWS.append((f"scale, {count} nodes: memory per node, with the warm interpreter", "-", "-", "-",
+                         f"off: {machines.memory_text(machine.memory_mib)} a node is below "
+                         f"{machines.memory_text(machines.WARM_MIN_MIB)}"))
+
+
 # -- links -------------------------------------------------------------------------------------
 
 
@@ -346,7 +442,7 @@ def bench_links(root: Path, repeats: int) -> None:
 
 
 def remove_tflab_images() -> None:
-    client = engine.client()
+    client = daemon.client()
     for image in client.images.list():
         if any(t.startswith(("tflab-", "tflab_")) for t in image.tags) or not image.tags:
             try:
@@ -419,9 +515,12 @@ COLD_REPEATS = {"n": None}  # --cold-repeats; default: --repeats / 3 (each cold 
 def bench_cold_start(root: Path, repeats: int) -> None:
     before = old_tflab(root)
     then, now = [], []
-    for _ in range(COLD_REPEATS["n"] or max(1, repeats // 3)):  # alternated: a drift of the machine hits both
-        then.append(cold_start(before, root, old=True))
-        now.append(cold_start(TFLAB, root, old=False))
+    try:
+        for _ in range(COLD_REPEATS["n"] or max(1, repeats // 3)):  # alternated: a drift of the machine hits both
+            then.append(cold_start(before, root, old=True))
+            now.append(cold_start(TFLAB, root, old=False))
+    finally:
+        sh([*TFLAB, "base"])  # it removed every tflab image: whatever happened, the local base is back
     for part in ("base: bootstrap", "base: pip and commit/import", "base", "node image", "up", "first step"):
         row(f"cold start, {part}: now vs before issue 14", [n[part] for n in now], [t[part] for t in then])
     ratio = row("cold start, engine with no images → chief's first step: now vs before issue 14",
@@ -433,8 +532,8 @@ def bench_cold_start(root: Path, repeats: int) -> None:
 
 
 def bench_gen(root: Path, repeats: int) -> None:
-    from tflab import config as cfg
-    from tflab.model import Topology
+    from tflab.plan import config as cfg
+    from tflab.plan.topology import Topology
 
     for count in (4, 256):
         own, whole = [], []
@@ -449,8 +548,26 @@ def bench_gen(root: Path, repeats: int) -> None:
             note="the rest is Python's start-up and imports")
 
 
+def cold_start_needs() -> list[str]:
+    """What the cold-start measure needs beyond tflab's own needs (its old side bootstraps with debootstrap)."""
+    missing = []
+    if shutil.which("debootstrap") is None:
+        missing.append("debootstrap is not installed (the code before issue 14 bootstraps with it: "
+                       "apt-get install debootstrap)")
+    if shutil.which("git") is None or subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", OLD_REVISION],
+                                                     capture_output=True).returncode != 0:
+        missing.append(f"git or the revision {OLD_REVISION} is missing (the old side is checked out from it)")
+    return missing
+
+
+NEEDS: dict[str, Callable[[], list[str]]] = {"cold-start": cold_start_needs}
+
+
 STEPS = {
     "gen": bench_gen,
+    "metrics": bench_metrics,
+    "split": bench_split,
+    "scale": bench_scale,
     "bring-up": bench_bring_up,
     "incremental": bench_incremental,
     "first-step": bench_first_step,
@@ -469,14 +586,30 @@ def main() -> None:
     args = parser.parse_args()
     COLD_REPEATS["n"] = args.cold_repeats
     chosen = [name for name in STEPS if name not in args.skip and (not args.only or name in args.only)]
+    failed: dict[str, str] = {}
+    for name in list(chosen):  # what each measure needs is checked before anything is measured
+        missing = NEEDS.get(name, lambda: [])()
+        if missing:
+            failed[name] = "not measured: " + "; ".join(missing)
+            print(f"{name}: {failed[name]}", flush=True)
+            chosen.remove(name)
     if "cold-start" not in chosen or chosen.index("cold-start") != len(chosen) - 1:
         sh([*TFLAB, "base"])
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tflab-bench-") as tmp:
         for name in chosen:
-            STEPS[name](Path(tmp), args.repeats)
+            try:
+                STEPS[name](Path(tmp), args.repeats)
+            except KeyboardInterrupt:
+                failed[name] = "interrupted"
+                break
+            except Exception as exc:  # noqa: BLE001 - one failed measure must not cost the others' figures
+                failed[name] = f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+                print(f"{name}: {failed[name]}", flush=True)
+    for name, why in failed.items():
+        ROWS.append((f"{name}: no figures", "-", "-", "-", why))
     machine = (f"{platform.node()}: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
-               f"engine {engine.client().version().get('Version')} on {engine.client().info().get('Driver')}")
+               f"engine {daemon.client().version().get('Version')} on {daemon.client().info().get('Driver')}")
     lines = [f"machine: {machine}; {time.strftime('%Y-%m-%d')}; --repeats {args.repeats}"
              f"{f'; --cold-repeats {args.cold_repeats}' if args.cold_repeats else ''}; "
              f"{(time.time() - started) / 60:.0f} min", "",
@@ -487,6 +620,8 @@ def main() -> None:
     out = REPO / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "latest.md").write_text(table + "\n")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

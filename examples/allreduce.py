@@ -4,6 +4,12 @@ Run in a lab made with `--ps 0` (every node a worker). Each step every worker co
 gradients on its shard and the update is all-reduced, so all workers hold the same model
 and report the same loss. Keras 3's `fit` does not work under this strategy (TF 2.16+),
 so this is a custom loop over plain variables.
+
+It backs up and restores as Keras' BackupAndRestore does, in the shared runs folder: every
+worker saves the model and the step every --backup_every steps (the chief into the backup
+folder, the others into scratch folders, as TensorFlow's multi-worker tutorial shows), and
+a restarted job resumes from the last backup (`tflab run allreduce --fault "kill worker1 at
+step 50" --restarts 1`).
 """
 
 from __future__ import annotations
@@ -13,9 +19,18 @@ import json
 import os
 import time
 
+import shutil
+
 import tensorflow as tf
 
 from tflab_example import Mlp, limit_gpu_memory, load_dataset, run_dir
+
+
+def backup_dir(base: str, task_type: str, task_id: int) -> str:
+    """Where this worker writes its backup: the chief into `base`, the others into scratch folders beside it."""
+    if task_type == "chief" or (task_type == "worker" and task_id == 0):
+        return base
+    return os.path.join(os.path.dirname(base), f"backup-scratch-{task_type}{task_id}")
 
 
 def main() -> None:
@@ -25,6 +40,7 @@ def main() -> None:
     parser.add_argument("--batch_size_per_replica", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=0.5)
     parser.add_argument("--hidden_units", type=int, default=128)
+    parser.add_argument("--backup_every", type=int, default=25, help="steps between two backups (0: none)")
     args = parser.parse_args()
 
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
@@ -46,7 +62,17 @@ def main() -> None:
 
     with strategy.scope():
         model = Mlp(tf, data["x_train"].shape[1], hidden=args.hidden_units)
+        step_done = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    resolver = strategy.cluster_resolver
+    backup = os.path.join(run_dir("/runs/allreduce"), "backup")
+    checkpoint = tf.train.Checkpoint(w1=model.w1, b1=model.b1, w2=model.w2, b2=model.b2, step=step_done)
+    writer_dir = backup_dir(backup, resolver.task_type, resolver.task_id)
+    manager = tf.train.CheckpointManager(checkpoint, writer_dir, max_to_keep=1)
+    latest = tf.train.latest_checkpoint(backup)
+    if latest:
+        checkpoint.restore(latest)
+        print(f"{me}: resuming from the backup at step {int(step_done.numpy())}", flush=True)
 
     @tf.function
     def train_step(batch):
@@ -54,13 +80,20 @@ def main() -> None:
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
 
     writer = tf.summary.create_file_writer(os.path.join(run_dir("/runs/allreduce"), me))
-    started = time.time()
-    for step in range(1, args.steps + 1):
+    started, first = time.time(), int(step_done.numpy()) + 1
+    loss = float("nan")
+    for step in range(first, args.steps + 1):
         loss = float(train_step(next(iterator)))
-        if step % 50 == 0:
-            print(f"{me}: step {step} loss {loss:.6f} ({step / (time.time() - started):.1f} steps/s)", flush=True)
+        step_done.assign(step)
+        if args.backup_every and step % args.backup_every == 0:
+            manager.save(checkpoint_number=step)  # every worker saves: the chief's copy is the backup
+        if step % 25 == 0 or step == first:
+            rate = (step - first + 1) / (time.time() - started)
+            print(f"{me}: step {step} loss {loss:.6f} ({rate:.1f} steps/s)", flush=True)
             with writer.as_default():
                 tf.summary.scalar("loss", loss, step=step)
+    if writer_dir != backup:
+        shutil.rmtree(writer_dir, ignore_errors=True)
     accuracy = model.accuracy(data["x_test"], data["y_test"])
     print(f"{me}: final loss {loss:.6f} test accuracy {accuracy:.4f}", flush=True)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import cli, snapshot
-from tflab import ports
+
+from tflab.host import ports
 
 
 @pytest.fixture(autouse=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
-from tflab import config as cfg
+
 from tflab.errors import UserError
-from tflab.gpus import Gpu
-from tflab.links import Links
-from tflab.model import Topology
+from tflab.plan import config as cfg
+from tflab.plan.gpus import Gpu
+from tflab.plan.links import Links
+from tflab.plan.topology import Topology
 
 
 def test_round_trip_keeps_everything() -> None:

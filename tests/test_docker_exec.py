@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
-from test_docker_run import task_processes
-from tflab import labfiles
+from test_docker_run import add_tasks, task_processes
+
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -53,8 +53,11 @@ def test_exec_of_a_task_starts_its_ps_trains_and_stops_it(exec_lab: Path, runner
     assert result.exit_code == 0, result.stdout[-2000:] + result.stderr[-2000:]
     accuracy = [line for line in result.stdout.splitlines() if "test accuracy" in line]
     assert accuracy and float(accuracy[-1].split()[-1]) >= 0.9
-    assert result.stderr.splitlines()[0] == "tflab: ps0 is serving on ps0:2222 (started for this exec)"
-    assert result.stderr.splitlines()[-1] == "tflab: stopped ps0"
+    said = result.stderr.splitlines()
+    assert said[0] == f"tflab: train: a fresh session, outputs in {exec_lab / 'runs' / 'train'}"
+    assert said[1] == "tflab: ps0 is serving on ps0:2222 (started for this exec)"
+    assert said[-2] == "tflab: stopped ps0"
+    assert said[-1].startswith("tflab: worker0's train: ok (exit 0, ") and "steps/s)" in said[-1]
     assert task_processes(docker_client, labfiles.open_lab(exec_lab).project) == {}
 
 
@@ -68,9 +71,9 @@ def test_two_terminals_share_one_ps_and_ctrl_c_stops_only_its_own(exec_lab: Path
     second.wait_for("worker1: first step done")
     running = task_processes(docker_client, project)
     assert sorted(running) == ["ps0", "worker0", "worker1"]
-    servers = [p for p in running["ps0"].split("; ") if "guard.py serve serve.long.ps0" in p]
+    servers = [p for p in running["ps0"].split("; ") if "guard.pyz serve serve:long:ps0" in p]
     assert len(servers) == 1, running["ps0"]  # one ps for both
-    assert running["ps0"].count("guard.py hold exec.long") == 2  # held by both execs
+    assert running["ps0"].count("guard.pyz hold exec:long") == 2  # held by both execs
 
     second.child.send_signal(signal.SIGINT)  # Ctrl-C in the second terminal
     code, text = second.end()
@@ -94,3 +97,57 @@ def test_exec_of_a_command_keeps_its_exit_code_and_ssh_keeps_quoting(exec_lab: P
                              "print(1 + 1, 'a b')"], capture_output=True, text=True, timeout=60)
     assert quoted.returncode == 0, quoted.stderr
     assert quoted.stdout == "2 a b\n"
+
+
+SHORT = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
+         "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=400")
+
+
+def test_two_terminals_the_seeds_way_ten_times_in_a_row(exec_lab: Path, docker_client) -> None:
+    """exec worker0 once; then worker0 and, 2 s later, worker1, ten times (it hung forever before)."""
+    add_tasks(exec_lab, {"short": SHORT})
+    first = Terminal(exec_lab, "worker0", "short")
+    code, text = first.end(timeout=240)
+    assert code == 0, text[-3000:]
+    for round_ in range(10):
+        chief = Terminal(exec_lab, "worker0", "short")
+        time.sleep(2)
+        worker = Terminal(exec_lab, "worker1", "short")
+        (chief_code, chief_text), (worker_code, worker_text) = chief.end(timeout=240), worker.end(timeout=240)
+        assert (chief_code, worker_code) == (0, 0), f"round {round_}:\n{chief_text[-2000:]}\n{worker_text[-2000:]}"
+        assert "worker0: resuming from" not in chief_text, "each session starts fresh"
+        assert "tflab: ps0 is serving on ps0:2222 (already serving: this exec joins it)" in worker_text
+        assert "worker1: done after" in worker_text and "tflab: worker1's short: ok (exit 0," in worker_text
+        # Whichever ended first left ps0 to the other; the last one stopped it.
+        assert sorted([chief_text.count("tflab: stopped ps0"), worker_text.count("tflab: stopped ps0")]) == [0, 1]
+    assert task_processes(docker_client, labfiles.open_lab(exec_lab).project) == {}
+
+
+HANGS = """import os, sys, time
+print("step 1", flush=True)
+if os.environ["TFLAB_NODE"] == "worker0":
+    sys.exit(0)  # the chief is done
+time.sleep(3600)  # a worker that never ends: waiting for something that will not come
+"""
+
+
+def test_a_worker_exec_that_hangs_after_the_chief_is_told_and_stopped_within_the_grace(exec_lab: Path, runner,
+                                                                                       docker_client) -> None:
+    (exec_lab / "code" / "hangs.py").write_text(HANGS)
+    add_tasks(exec_lab, {"hangs": {"command": "python /workspace/hangs.py", "servers": []}})
+    assert runner.invoke(cli, ["up", "--lab", str(exec_lab)]).exit_code == 0
+    worker = Terminal(exec_lab, "--grace", "5", "worker1", "hangs")
+    worker.wait_for("tflab: worker1 trains with the chief, worker0, which no exec runs yet")
+    worker.wait_for("step 1")
+    chief = subprocess.run([sys.executable, "-m", "tflab", "exec", "--lab", str(exec_lab), "worker0", "hangs"],
+                           capture_output=True, text=True, timeout=120)
+    assert chief.returncode == 0, chief.stderr
+    chief_ended = time.monotonic()
+    worker.wait_for("tflab: the chief (worker0) has finished", timeout=15)
+    said = worker.wait_for("reported hung and stopped", timeout=5 + 10)
+    assert time.monotonic() - chief_ended <= 5 + 10
+    assert said.startswith("tflab: worker1's hangs: hung (exit 1, ")
+    assert "worker1 still running 5s after the chief finished, silent for" in said
+    code, _text = worker.end(timeout=30)
+    assert code == 1
+    assert task_processes(docker_client, labfiles.open_lab(exec_lab).project) == {}

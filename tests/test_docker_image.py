@@ -8,7 +8,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
 
 pytestmark = pytest.mark.docker
@@ -86,7 +85,7 @@ def ssh(lab: Path, port: int, *options: str, command: str = "hostname") -> subpr
 
 
 def test_node_runs_tensorflow_and_sshd_takes_the_key_and_refuses_passwords(labs, runner) -> None:
-    from tflab import labfiles
+    from tflab.host import labfiles
 
     lab = labs.gen(nodes=1)
     up = runner.invoke(cli, ["up", "--lab", str(lab)])

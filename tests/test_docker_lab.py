@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
-from tflab import labfiles
+
+from tflab.host import labfiles
 
 pytestmark = pytest.mark.docker
 

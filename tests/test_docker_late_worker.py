@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, cli
 from test_docker_run import add_tasks, task_processes
-from tflab import labfiles
+
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 LATE = ("python /workspace/late_worker.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "

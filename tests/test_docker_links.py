@@ -2,30 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import time
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, cli
-from tflab import labfiles, nodes
+
+from tflab.engine.containers import probe_qdiscs
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 PROGRAMS = REPO / "tests" / "programs"
 TFLAB = [sys.executable, "-m", "tflab"]
 
 
-def throughput(lab: Path, megabytes: int = 50) -> float:
-    """Mbit/s of `megabytes` sent from ps0 to worker0 over the lab network, as worker0 measures them."""
+def throughput(lab: Path, megabytes: int = 50, during=None) -> float:
+    """Mbit/s of `megabytes` sent from ps0 to worker0 over the lab network, as worker0 measures them.
+
+    `during` is called a second into the transfer.
+    """
     receiver = subprocess.Popen([*TFLAB, "exec", "--lab", str(lab), "worker0", "--", "python",
                                  "/workspace/throughput.py", "serve", "5001"], stdout=subprocess.PIPE, text=True)
     assert receiver.stdout is not None
     assert receiver.stdout.readline() == "listening\n"
-    sent = subprocess.run([*TFLAB, "exec", "--lab", str(lab), "ps0", "--", "python", "/workspace/throughput.py",
-                           "send", "worker0", "5001", str(megabytes)], capture_output=True, text=True, timeout=120)
-    assert sent.returncode == 0, sent.stderr
+    sender = subprocess.Popen([*TFLAB, "exec", "--lab", str(lab), "ps0", "--", "python", "/workspace/throughput.py",
+                               "send", "worker0", "5001", str(megabytes)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    if during is not None:
+        time.sleep(1)
+        during()
+    _, err = sender.communicate(timeout=120)
+    assert sender.returncode == 0, err
     out, _ = receiver.communicate(timeout=60)
     match = re.search(rf"received {megabytes << 20} bytes in [\d.]+ s: ([\d.]+) Mbit/s", out)
     assert match, out
@@ -42,15 +53,25 @@ def test_a_shaped_link_runs_at_its_rate_and_an_unshaped_one_far_faster(labs, run
     assert "links: 100mbit (each node's egress)" in status.stdout.replace("\n", " ")
     tc = runner.invoke(cli, ["exec", "--lab", str(shaped), "worker0", "--", "tc", "qdisc", "show", "dev", "eth0"])
     assert "tbf" in tc.stdout and "rate 100Mbit" in tc.stdout, tc.stdout
-    rate = throughput(shaped)
+    seen: dict = {}
+
+    def top() -> None:
+        done = subprocess.run([*TFLAB, "top", "--once", "--json", "--lab", str(shaped)], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        seen.update({row["node"]: row for row in json.loads(done.stdout)["nodes"]})
+
+    rate = throughput(shaped, during=top)
     fast = throughput(plain)
-    print(f"shaped 100mbit: {rate:.1f} Mbit/s; unshaped: {fast:.1f} Mbit/s")
+    print(f"shaped 100mbit: {rate:.1f} Mbit/s; unshaped: {fast:.1f} Mbit/s; top: {seen['ps0']['net']}")
     assert 70 <= rate <= 115
     assert fast >= 5 * rate
+    assert 70 <= seen["ps0"]["net"]["tx_mbit"] <= 115, "top reads the sender's link at its rate"
+    assert seen["worker0"]["net"]["rx_mbit"] >= 50
 
 
 def test_a_delay_is_applied_or_refused_at_up_with_the_reason(labs, runner, docker_client, base_image) -> None:
-    offered = nodes.probe_qdiscs(docker_client, base_image)
+    offered = probe_qdiscs(docker_client, base_image)
     lab = labs.gen("--link-delay", "5", nodes=2, code=PROGRAMS)
     project = labfiles.open_lab(lab).project
     up = runner.invoke(cli, ["up", "--lab", str(lab)])

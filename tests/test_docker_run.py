@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, cli
-from tflab import labfiles, nodes
-from tflab.executor import exec_quiet
+
+from tflab.engine.containers import lab_containers
+from tflab.engine.executors import exec_quiet
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 NOISE = ("I0000", "W0000", "E0000")
@@ -34,7 +35,7 @@ def add_tasks(lab: Path, tasks: dict) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-SWEEP = ("for f in /run/tflab/run.*.pid /run/tflab/exec.*.pid /run/tflab/serve.*.pid; "
+SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*.pid; "
          "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,args=")
 
 
@@ -44,7 +45,7 @@ def task_processes(client, project: str) -> dict[str, str]:
     A standby running a task's program (its pid is in a task's pid file) counts.
     """
     left = {}
-    for name, container in nodes.lab_containers(client, project).items():
+    for name, container in lab_containers(client, project).items():
         if container.status != "running":
             continue  # a stopped node runs nothing
         _, out = exec_quiet(client, container, ["sh", "-c", SWEEP])
@@ -56,7 +57,7 @@ def task_processes(client, project: str) -> dict[str, str]:
             args = args.strip()
             if not args or args.startswith(("/sbin/docker-init", "sshd", "ps -eo", "sh -c for f in", "runc init")):
                 continue
-            if args.startswith("python3 /usr/local/share/tflab/guard.py standby") and pid not in busy:
+            if args.startswith("python3 /usr/local/share/tflab/guard.pyz standby") and pid not in busy:
                 continue
             rest.append(args)
         if rest:
@@ -81,7 +82,7 @@ def run_and_kill_worker1(lf, client, run_args: list[str], marker: str, timeout: 
         if line.startswith(marker):
             break
     killed_at = time.monotonic()
-    worker1 = nodes.lab_containers(client, lf.project)["worker1"]
+    worker1 = lab_containers(client, lf.project)["worker1"]
     assert exec_quiet(client, worker1, ["pkill", "-9", "-f", "mnist_async.py"])[0] == 0
     rest, _ = child.communicate(timeout=timeout)
     return child, "".join(output) + rest, killed_at

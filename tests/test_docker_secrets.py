@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

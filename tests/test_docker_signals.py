@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
 from test_docker_run import task_processes
-from tflab import labfiles, nodes
-from tflab.executor import exec_quiet
+
+from tflab.engine.containers import lab_containers
+from tflab.engine.executors import exec_quiet
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TFLAB = [sys.executable, "-m", "tflab"]
@@ -74,9 +75,9 @@ def test_kill_9_of_tflab_leaves_nothing_and_the_next_run_clears_leftovers(long_l
     child.wait()
     assert gone_within(docker_client, lf.project, 10) == {}, "the processes must watch their connection to tflab"
     # A leftover of an earlier run whose connection never closed is cleared by the next run of the task.
-    worker1 = nodes.lab_containers(docker_client, lf.project)["worker1"]
-    exec_quiet(docker_client, worker1, ["sh", "-c", "(sleep 600 | python3 /usr/local/share/tflab/guard.py run "
-                                        "run.long.worker1 --shell 'sleep 500') >/dev/null 2>&1 &"])
+    worker1 = lab_containers(docker_client, lf.project)["worker1"]
+    exec_quiet(docker_client, worker1, ["sh", "-c", "(sleep 600 | python3 /usr/local/share/tflab/guard.pyz run "
+                                        "run:long:worker1 --shell 'sleep 500') >/dev/null 2>&1 &"])
     time.sleep(1)
 
     def leftover() -> bool:
@@ -108,7 +109,7 @@ def test_a_stopped_worker_container_ends_the_run_naming_it(long_lab: Path, docke
     child = start_run(long_lab, "long")
     read_until(child, "[worker1] worker1: first step done")
     stopped_at = time.monotonic()
-    nodes.lab_containers(docker_client, lf.project)["worker1"].stop(timeout=2)
+    lab_containers(docker_client, lf.project)["worker1"].stop(timeout=2)
     rest, _ = child.communicate(timeout=120)
     assert time.monotonic() - stopped_at < 60
     assert child.returncode == 1
@@ -145,3 +146,23 @@ def test_a_detached_run_outlives_its_terminal_and_can_be_followed_and_stopped(la
     listed = runner.invoke(cli, ["runs", "--lab", str(long_lab)])
     rows = [line for line in listed.stdout.splitlines() if line.startswith("│ train") or line.startswith("│ long")]
     assert any(" ok " in row for row in rows) and any("interrupted" in row for row in rows), listed.stdout
+
+
+def test_ps_in_a_node_shows_the_training_programs_own_command_line(long_lab: Path, docker_client) -> None:
+    """The seed's troubleshooting line, `ps -ef | grep mnist_async.py`, finds the program (run in the warm interpreter)."""
+    lf = labfiles.open_lab(long_lab)
+    child = start_run(long_lab, "long")
+    read_until(child, "worker0: first step done")
+    worker0 = lab_containers(docker_client, lf.project)["worker0"]
+    _, pid_file = exec_quiet(docker_client, worker0, ["cat", "/run/tflab/run:long:worker0.pid"])
+    program = pid_file.split()[0]
+    _, listing = exec_quiet(docker_client, worker0, ["sh", "-c", "ps -eo pid=,comm=,args= | grep mnist_async.py"])
+    rows = {line.split(None, 2)[0]: line.split(None, 2)[1:] for line in listing.splitlines() if "grep" not in line}
+    expected = ("python /workspace/mnist_async.py --job_name=worker --task_index=0 --ps_hosts=ps0:2222 "
+                "--worker_hosts=worker0:2222,worker1:2222 --log_dir=/runs/long --train_steps=100000000")
+    assert rows.get(program) == ["python", expected], listing
+    _, stat = exec_quiet(docker_client, worker0, ["sh", "-c", f"top -b -n 1 -p {program} | tail -n 1"])
+    assert stat.split()[-1] == "python", stat  # what `top` shows, the CPU and memory of the program
+    child.send_signal(signal.SIGINT)
+    child.communicate(timeout=60)
+    assert gone_within(docker_client, lf.project, 10) == {}

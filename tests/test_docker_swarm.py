@@ -6,10 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
 from test_docker_run import lines_of
-from tflab import labfiles
+
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.swarm]
 

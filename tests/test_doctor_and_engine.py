@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import shutil
 
+import docker.errors
+import pytest
 from conftest import cli
-from tflab import containers, engine
+
+from tflab.engine import compose_up, daemon, doctor, node_image
+from tflab.engine.builds import Progress
 from tflab.errors import EngineError
 
 
@@ -21,16 +25,26 @@ def test_doctor_without_gpus_still_passes_the_cpu_checks(runner, docker_client, 
     assert " ok " in line
 
 
-def test_doctor_with_the_engine_stopped_says_how_to_start_it(runner, monkeypatch) -> None:
+@pytest.mark.parametrize(("dockerd", "fix"), [
+    ("/usr/sbin/dockerd", "fix: sudo dockerd &  (or: systemctl start docker)"),
+    (None, "fix: apt-get install docker.io && dockerd &"),
+])
+def test_doctor_with_the_engine_stopped_says_how_to_start_it(runner, monkeypatch, no_nvidia_smi, dockerd, fix) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/tflab-no-such-daemon.sock")
+    real_which = doctor.shutil.which
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: dockerd if name == "dockerd" else real_which(name))
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda _path: shutil._ntuple_diskusage(2**40, 0, 2**40))
     result = runner.invoke(cli, ["doctor"])
     assert result.exit_code == 1
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("missing: Docker Engine: cannot reach the Docker daemon at unix:///tmp/tflab-no-such-daemon.sock")
-    assert "fix: sudo dockerd &  (or: systemctl start docker)" in last
+    missing = [line for line in result.stdout.splitlines() if line.startswith("missing: ")]
+    assert len(missing) == 1, result.stdout
+    assert missing[0].startswith("missing: Docker Engine: cannot reach the Docker daemon at "
+                                 "unix:///tmp/tflab-no-such-daemon.sock")
+    assert missing[0].endswith(fix)
 
 
 def test_commands_without_an_engine_are_one_line_advice(runner, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
     assert runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2"]).exit_code == 0
     monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/tflab-no-such-daemon.sock")
     result = runner.invoke(cli, ["up", "--lab", str(tmp_path / "lab")])
@@ -53,15 +67,44 @@ def test_a_command_outside_a_lab_says_so(runner, tmp_path) -> None:
      "worker0 reserves GPUs but this engine has no NVIDIA runtime; install the NVIDIA Container Toolkit"),
 ])
 def test_engine_errors_at_start_become_advice(output: str, advice: str) -> None:
-    assert containers.start_advice("worker0", output).startswith(advice)
+    assert compose_up.start_advice("worker0", output).startswith(advice)
 
 
 def test_compose_v1_alone_is_refused(monkeypatch) -> None:
     def only_v1(argv, **_kw):
         if argv[:2] == ["docker", "compose"]:
-            raise engine.CommandError(list(argv), 1, "docker: 'compose' is not a docker command.")
+            raise daemon.CommandError(list(argv), 1, "docker: 'compose' is not a docker command.")
         return "1.29.2\n"
 
-    monkeypatch.setattr(engine.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(daemon.sys, "executable", "/nonexistent/python")
     with pytest.raises(EngineError, match="Compose v2 is needed"):
-        engine.find_compose(only_v1)
+        daemon.find_compose(only_v1)
+
+
+class RefusingPulls:
+    """An engine whose registry refuses every pull; it notes what it was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+        self.api = self
+
+    def pull(self, repository: str, tag: str, stream: bool, decode: bool):
+        self.asked.append((repository, tag))
+        raise docker.errors.APIError("500 Server Error: Get \"http://localhost:5000/v2/\": connection refused")
+
+
+@pytest.mark.parametrize(("ref", "asked", "advice"), [
+    ("localhost:5000/tf:2.18", ("localhost:5000/tf", "2.18"),
+     "cannot pull localhost:5000/tf:2.18 from the registry localhost:5000 (500 Server Error"),
+    ("registry.example.com/team/tf", ("registry.example.com/team/tf", "latest"),
+     "cannot pull registry.example.com/team/tf from the registry registry.example.com ("),
+    ("tensorflow/tensorflow:2.18.0", ("tensorflow/tensorflow", "2.18.0"), "cannot pull tensorflow/tensorflow:2.18.0 ("),
+])
+def test_a_base_is_pulled_by_its_whole_name_and_a_failure_names_its_registry(ref, asked, advice) -> None:
+    engine = RefusingPulls()
+    with pytest.raises(EngineError) as failed:
+        node_image.pull(engine, ref, Progress())
+    assert engine.asked == [asked]
+    message = str(failed.value)
+    assert message.startswith(advice)
+    assert ("--base local" in message) is (ref.startswith("tensorflow/")), "local is advice only where no registry was named"

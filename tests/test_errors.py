@@ -8,18 +8,19 @@ from pathlib import Path
 import docker.errors
 import pytest
 import requests
-
 from conftest import cli
-from tflab import engine, nodes
-from tflab.lab import ComposeLab
+
+from tflab.engine import daemon
+from tflab.engine.compose_lab import ComposeLab
+from tflab.host.filetree import manifest, pack
 
 
 @pytest.fixture
 def lab(runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "lab"
-    monkeypatch.setattr("tflab.ports.port_free", lambda host, port: True)
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
     assert runner.invoke(cli, ["gen", "--lab", str(folder), "--nodes", "2"]).exit_code == 0
-    monkeypatch.setattr(engine, "client", lambda: object())  # no engine needed: `down` is made to fail below
+    monkeypatch.setattr(daemon, "client", lambda: object())  # no engine needed: `down` is made to fail below
     return folder
 
 
@@ -30,6 +31,8 @@ def lab(runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
      "tflab: error: cannot reach the Docker daemon at "),
     (PermissionError(13, "Permission denied", "/var/run/docker.sock"), 1,
      "tflab: error: Permission denied (/var/run/docker.sock)"),
+    (BrokenPipeError(32, "Broken pipe"), 1,
+     "tflab: error: a process tflab was writing to ended before reading it all (Broken pipe); `tflab -v ...` shows which"),
     (RuntimeError("something unforeseen"), 1,
      "tflab: error: internal error: RuntimeError: something unforeseen (`tflab -v ...` shows where)"),
 ])
@@ -55,11 +58,34 @@ def test_a_dangling_link_in_the_code_folder_is_left_out(tmp_path: Path) -> None:
     os.symlink(tmp_path / "gone", code / "dangling.py")
     (code / "data").mkdir()
     os.symlink(code / "train.py", code / "data" / "alias.py")
-    assert sorted(nodes.manifest(code)) == ["data/alias.py", "train.py"]
-    archive = nodes.pack([(code / "data" / "alias.py", "workspace/data/alias.py")])
+    assert sorted(manifest(code)) == ["data/alias.py", "train.py"]
+    archive = pack([(code / "data" / "alias.py", "workspace/data/alias.py")])
     import tarfile
 
     with tarfile.open(archive) as tar:
         member = tar.getmember("workspace/data/alias.py")
         assert member.isfile() and tar.extractfile(member).read() == b"print(1)\n"  # links are followed
     archive.unlink()
+
+
+@pytest.mark.parametrize("argv", [
+    ["exec", "worker9", "--lab", "{lab}", "--", "hostname", "--lab", "x"],
+    ["exec", "--lab", "{lab}", "worker9", "--", "hostname"],
+    ["exec", "worker9", "--via=docker", "--lab", "{lab}", "train"],
+    ["ssh", "worker9", "--lab", "{lab}"],
+])
+def test_exec_and_ssh_read_their_options_after_the_node_up_to_the_dashes(runner, lab: Path, argv: list[str]) -> None:
+    result = runner.invoke(cli, [word.replace("{lab}", str(lab)) for word in argv])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[-1] == "tflab: error: no node 'worker9' in this lab; its nodes are ps0, worker0", result.stderr
+
+
+def test_the_words_after_the_dashes_stay_the_commands() -> None:
+    from tflab.cli.app import hoist_options
+
+    params = cli.commands["exec"].params
+    assert hoist_options(params, ["worker0", "--lab", "d", "--no-tty", "--", "ls", "--lab", "e"]) == [
+        "--lab", "d", "--no-tty", "worker0", "--", "ls", "--lab", "e"]
+    assert hoist_options(params, ["worker0", "train", "--resume", "--grace=5"]) == [
+        "--resume", "--grace=5", "worker0", "train"]
+    assert hoist_options(params, ["worker0", "--", "python", "-c", "1"]) == ["worker0", "--", "python", "-c", "1"]

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tflab import proc
 from tflab.errors import CommandError, UserError
-from tflab.gpus import Gpu, discover, parse_gpu_list, parse_nvidia_smi
+from tflab.host import proc
+from tflab.host.hardware import discover
+from tflab.plan.gpus import Gpu, parse_gpu_list, parse_nvidia_smi
 
 
 def test_parses_the_fake_eight_gpu_host(fake_nvidia_smi: Path) -> None:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from tflab import hostsettings
 from tflab.errors import UserError
-from tflab.hostsettings import (
-    AptMirror, PipSettings, build_files, parse_apt_sources, parse_pip_config, pip_settings, read_apt_sources,
+from tflab.host import buildsettings
+from tflab.host.buildsettings import (
+    AptMirror,
+    PipSettings,
+    build_files,
+    parse_apt_sources,
+    parse_pip_config,
+    pip_settings,
+    read_apt_sources,
 )
 
 DEB822 = """Types: deb
@@ -111,17 +117,17 @@ def test_build_files_hold_the_settings_for_the_mount(tmp_path) -> None:
 def test_only_dockers_predefined_proxy_arguments_go_to_a_node_build() -> None:
     environ = {"HTTPS_PROXY": "http://u:pw@proxy:3128", "no_proxy": "localhost", "PIP_INDEX_URL": "https://x/simple",
                "HTTP_PROXY": "", "FTP_PROXY": "ftp://proxy:21"}
-    assert hostsettings.proxy_build_args(environ) == {
+    assert buildsettings.proxy_build_args(environ) == {
         "HTTPS_PROXY": "http://u:pw@proxy:3128", "no_proxy": "localhost", "FTP_PROXY": "ftp://proxy:21"}
 
 
 def test_credentials_leave_mirror_addresses(tmp_path) -> None:
-    from tflab import base_image
+    from tflab.engine import local_base
 
-    assert hostsettings.without_credentials("https://me:pw@apt.corp/debian") == "https://apt.corp/debian"
-    assert hostsettings.without_credentials("http://deb.debian.org/debian") == "http://deb.debian.org/debian"
+    assert buildsettings.without_credentials("https://me:pw@apt.corp/debian") == "https://apt.corp/debian"
+    assert buildsettings.without_credentials("http://deb.debian.org/debian") == "http://deb.debian.org/debian"
     sources = tmp_path / "etc" / "apt" / "sources.list"
     sources.parent.mkdir(parents=True)
     sources.write_text("deb https://me:s3cret@apt.corp/debian bookworm main\n")
-    base_image.scrub_sources(tmp_path)
+    local_base.scrub_sources(tmp_path)
     assert sources.read_text() == "deb https://apt.corp/debian bookworm main\n"

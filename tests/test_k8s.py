@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import cli
-from tflab import config as cfg
-from tflab import k8s, labfiles, validate
-from tflab.gpus import Gpu
-from tflab.model import Topology
+
+from tflab.host import labfiles
+from tflab.plan import config as cfg
+from tflab.plan.gpus import Gpu
+from tflab.plan.topology import Topology
+from tflab.render import k8s, schemas
 
 TRAIN = cfg.Task("train", "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "
                           "--ps_hosts={ps_hosts} --worker_hosts={worker_hosts} --log_dir={run_dir}")
@@ -31,7 +32,7 @@ def container(replica: dict) -> dict:
 
 def test_reference_tfjob_by_value(tmp_path: Path) -> None:
     lf = lab(tmp_path, nodes=4, gpus_per_node=2)
-    job = k8s.tfjob(lf, "registry.example/lab:1", TRAIN, "tflab-runs")
+    job = k8s.tfjob(lf.config, lf.lab, "registry.example/lab:1", TRAIN, "tflab-runs")
     assert k8s.problems_of(job) == []
     assert (job["apiVersion"], job["kind"], job["metadata"]["name"]) == ("kubeflow.org/v1", "TFJob", "ref-lab")
     assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running"}
@@ -51,7 +52,7 @@ def test_reference_tfjob_by_value(tmp_path: Path) -> None:
 
 def test_reference_jobset_writes_tf_config_with_the_pods_host_names(tmp_path: Path) -> None:
     lf = lab(tmp_path, nodes=4, gpus_per_node=2)
-    jobset = k8s.jobset(lf, "registry.example/lab:1", TRAIN, "runs-claim")
+    jobset = k8s.jobset(lf.config, lf.lab, "registry.example/lab:1", TRAIN, "runs-claim")
     assert k8s.problems_of(jobset) == []
     assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["worker0"]}
     jobs = {job["name"]: job for job in jobset["spec"]["replicatedJobs"]}
@@ -74,12 +75,12 @@ def test_reference_jobset_writes_tf_config_with_the_pods_host_names(tmp_path: Pa
 
 def test_chief_and_evaluator_labs(tmp_path: Path) -> None:
     lf = lab(tmp_path, nodes=3, chief=True, evaluator=True)
-    job = k8s.tfjob(lf, "img:1", TRAIN, "runs")
+    job = k8s.tfjob(lf.config, lf.lab, "img:1", TRAIN, "runs")
     assert k8s.problems_of(job) == []
     assert {k: v["replicas"] for k, v in job["spec"]["tfReplicaSpecs"].items()} == {
         "PS": 1, "Worker": 2, "Chief": 1, "Evaluator": 1}
     assert "resources" not in container(job["spec"]["tfReplicaSpecs"]["Chief"])  # a CPU lab
-    jobset = k8s.jobset(lf, "img:1", TRAIN, "runs")
+    jobset = k8s.jobset(lf.config, lf.lab, "img:1", TRAIN, "runs")
     assert k8s.problems_of(jobset) == []
     jobs = {j["name"]: j for j in jobset["spec"]["replicatedJobs"]}
     assert list(jobs) == ["ps0", "worker0", "worker1", "chief", "evaluator"]
@@ -93,11 +94,11 @@ def test_chief_and_evaluator_labs(tmp_path: Path) -> None:
 
 def test_a_misspelled_field_fails_the_strict_check_that_the_plain_schema_lets_through(tmp_path: Path) -> None:
     lf = lab(tmp_path, nodes=4, gpus_per_node=2)
-    job = k8s.tfjob(lf, "img:1", TRAIN, "runs")
+    job = k8s.tfjob(lf.config, lf.lab, "img:1", TRAIN, "runs")
     job["spec"]["tfReplicaSpecs"]["Worker"]["restartPolice"] = "Never"
-    assert validate.schema_problems(job, validate.TFJOB_SCHEMA, strict=False) == []
+    assert schemas.schema_problems(job, schemas.TFJOB_SCHEMA, strict=False) == []
     assert k8s.problems_of(job) == ["spec.tfReplicaSpecs.Worker: 'restartPolice' is not a field here"]
-    jobset = k8s.jobset(lf, "img:1", TRAIN, "runs")
+    jobset = k8s.jobset(lf.config, lf.lab, "img:1", TRAIN, "runs")
     jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolisy"] = "x"
     assert k8s.problems_of(jobset) == [
         "spec.replicatedJobs[1].template.spec.template.spec.containers[0]: 'imagePullPolisy' is not a field here"]
@@ -105,7 +106,7 @@ def test_a_misspelled_field_fails_the_strict_check_that_the_plain_schema_lets_th
 
 def test_the_webhooks_rules(tmp_path: Path) -> None:
     lf = lab(tmp_path, nodes=3, chief=True)
-    good = k8s.tfjob(lf, "img:1", TRAIN, "runs")
+    good = k8s.tfjob(lf.config, lf.lab, "img:1", TRAIN, "runs")
     two_chiefs = copy.deepcopy(good)
     two_chiefs["spec"]["tfReplicaSpecs"]["Master"] = copy.deepcopy(good["spec"]["tfReplicaSpecs"]["Chief"])
     assert "spec.tfReplicaSpecs has more than one Chief/Master" in k8s.problems_of(two_chiefs)
@@ -143,7 +144,7 @@ def test_render_k8s_writes_a_validated_manifest_or_nothing(runner, tmp_path: Pat
         assert not target.exists()
 
 
-@pytest.mark.parametrize("name", [validate.TFJOB_SCHEMA, validate.JOBSET_SCHEMA, validate.STACK_SCHEMA])
+@pytest.mark.parametrize("name", [schemas.TFJOB_SCHEMA, schemas.JOBSET_SCHEMA, schemas.STACK_SCHEMA])
 def test_the_shipped_schemas_are_the_recorded_copies(name: str) -> None:
     import hashlib
 
@@ -153,6 +154,31 @@ def test_the_shipped_schemas_are_the_recorded_copies(name: str) -> None:
     recorded = dict(line.split()[::-1] for line in (folder / "README.md").read_text().splitlines()
                     if line.endswith(".json") and len(line.split()) == 2)
     assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == recorded[name]
+
+
+@pytest.mark.parametrize("name", [schemas.TFJOB_SCHEMA, schemas.JOBSET_SCHEMA, schemas.STACK_SCHEMA])
+def test_the_shipped_schemas_are_the_project_shared_ones(name: str) -> None:
+    from tflab import resources
+
     shared = Path(__file__).resolve().parents[2] / "shared" / "schemas" / name
-    if shared.is_file():  # beside the project's shared folder: the very same files
-        assert (folder / name).read_bytes() == shared.read_bytes()
+    if not shared.is_file():
+        pytest.skip(f"no project shared folder beside this checkout ({shared.parent}); the recorded hashes are checked")
+    assert (resources.path(resources.SCHEMAS) / name).read_bytes() == shared.read_bytes()
+
+
+def test_a_manifest_tflab_got_wrong_is_tflabs_fault_not_the_users(runner, tmp_path: Path, monkeypatch) -> None:
+    lf = lab(tmp_path, nodes=2)
+    real = k8s.tfjob
+
+    def broken(*args, **kw):
+        manifest = real(*args, **kw)
+        manifest["spec"]["tfReplicaSpecs"]["PS"]["restartPolicy"] = "Sometimes"
+        return manifest
+
+    monkeypatch.setattr(k8s, "tfjob", broken)
+    target = tmp_path / "tfjob.yaml"
+    result = runner.invoke(cli, ["render", "k8s", "--lab", str(lf.root), "--image", "x:1", "-o", str(target)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("tflab: error: tflab made a Kubeflow TFJob (kubeflow.org/v1) that does not "
+                                    "validate (spec.tfReplicaSpecs.PS.restartPolicy 'Sometimes' is not one of")
+    assert "this is a bug in tflab" in result.stderr and not target.exists()

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tflab import guard
-from tflab.config import Task
-from tflab.launcher import Launcher, RunSetup
-from tflab.model import Topology, plan
-from tflab.runstate import RunPlan
-from tflab.tasks import run_plan, servers_for_exec, start_order
+from tflab.engine import guardcmd
+from tflab.plan.config import Task
+from tflab.plan.tasks import servers_for_exec, start_order
+from tflab.plan.topology import Topology, plan
+from tflab.run.launcher import Launcher, RunSetup
+from tflab.run.machine import RunPlan, run_plan
 
 
 class FakeProcess:
@@ -156,8 +157,15 @@ def test_workers_start_held_with_preload_and_the_sweeps_clear_the_task(tmp_path:
     assert "--held" in starts["worker1"] and "--preload" in starts["worker1"] and "--warm" in starts["worker1"]
     assert "--held" not in starts["ps0"] and "--warm" in starts["ps0"]
     assert starts["worker1"][-1] == "python t.py --node worker1"
-    sweeps = [node for node, argv in executor.commands if "stop" in argv and guard.run_key("train", "*") in argv]
-    assert sorted(sweeps) == sorted(LAB.names * 2)  # before and after
+    sweeps = [(node, argv[argv.index("stop") + 1]) for node, argv in executor.commands if "stop" in argv]
+    assert sorted(node for node, _ in sweeps) == sorted(LAB.names * 2)  # before and after
+    # What a sweep matches, as the guard matches it: this task's processes, not another's nor an exec's.
+    pattern = sweeps[0][1]
+    assert all(p == pattern for _, p in sweeps)
+    assert [k for k in (guardcmd.run_key("train", "worker1"), guardcmd.run_key("train", "ps0"),
+                        guardcmd.run_key("train.v2", "worker1"), guardcmd.run_key("train-2", "worker1"),
+                        guardcmd.exec_key("train", "worker1", "42"), guardcmd.serve_key("train", "ps0"))
+            if fnmatch.fnmatchcase(k, pattern)] == ["run:train:worker1", "run:train:ps0"]
     assert (tmp_path / "logs" / "worker0.log").read_text() == "step 1\nworker0: test accuracy 0.97\n"
 
 
@@ -210,8 +218,8 @@ def test_servers_that_never_serve_fail_the_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("preload", [True, False])
 def test_guard_commands_carry_the_key_and_the_command_line(preload: bool) -> None:
-    argv = guard.run("run.train.worker1", "python a.py --x=1", held=True, preload=preload)
-    assert argv[:4] == ["python3", "/usr/local/share/tflab/guard.py", "run", "run.train.worker1"]
+    argv = guardcmd.run("run:train:worker1", "python a.py --x=1", held=True, preload=preload)
+    assert argv[:4] == ["python3", "/usr/local/share/tflab/guard.pyz", "run", "run:train:worker1"]
     assert ("--preload" in argv) is preload and argv[-2:] == ["--shell", "python a.py --x=1"]
 
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tflab.errors import UserError
-from tflab.gpus import Gpu
-from tflab.model import Topology, gpu_blocks, memory_fractions, plan, roles
+from tflab.plan.gpus import Gpu
+from tflab.plan.topology import Topology, gpu_blocks, memory_fractions, plan, roles
 
 EIGHT = [Gpu(index=i, memory_mib=81559) for i in range(8)]
 

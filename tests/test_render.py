@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tflab import config as cfg
-from tflab import labfiles, render
-from tflab.gpus import Gpu
-from tflab.links import Links
-from tflab.model import Topology
+from tflab.host import labfiles
+from tflab.plan import config as cfg
+from tflab.plan.gpus import Gpu
+from tflab.plan.links import Links
+from tflab.plan.topology import Topology
+from tflab.render import image_files, templates
 
 
 def write(tmp_path: Path, **kw) -> labfiles.LabFiles:
@@ -64,8 +65,8 @@ def test_dockerfile_names_its_base_and_bakes_no_key(tmp_path: Path) -> None:
         "ARG BASE_IMAGE=tflab-base:cpu", "FROM ${BASE_IMAGE}"]
     assert "id_ed25519" not in dockerfile and "/etc/tflab/keys" not in dockerfile
     assert sorted(p.name for p in lf.image_dir.iterdir()) == [
-        "Dockerfile", "entrypoint.sh", "guard.py", "shape.sh", "sshd_config"]
-    assert os.access(lf.image_dir / "guard.py", os.X_OK) and os.access(lf.image_dir / "shape.sh", os.X_OK)
+        "Dockerfile", "entrypoint.sh", "fault.sh", "guard.pyz", "shape.sh", "sshd_config"]
+    assert os.access(lf.image_dir / "guard.pyz", os.X_OK) and os.access(lf.image_dir / "shape.sh", os.X_OK)
 
 
 def test_shaped_links_get_net_admin_and_their_settings_and_nothing_else_does(tmp_path: Path) -> None:
@@ -87,15 +88,15 @@ def test_memlock_is_left_to_the_engine_unless_set(tmp_path: Path) -> None:
 def test_image_tag_follows_the_build_context(tmp_path: Path) -> None:
     lf = write(tmp_path)
     tag = lf.image_tag()
-    assert tag == render.image_tag(lf.image_context()) and tag.startswith("tflab-node:")
+    assert tag == image_files.image_tag(lf.image_context()) and tag.startswith("tflab-node:")
     assert lf.image_tag("sha256:another-base") != tag  # a rebuilt base means a new node image
     (lf.image_dir / "Dockerfile").write_text((lf.image_dir / "Dockerfile").read_text() + "# edit\n")
     assert lf.image_tag() != tag
 
 
 def test_project_names_are_unique_per_folder(tmp_path: Path) -> None:
-    assert render.project_name("Lab 1", tmp_path / "a") != render.project_name("Lab 1", tmp_path / "b")
-    assert render.project_name("Lab 1", tmp_path / "a").startswith("tflab-lab-1-")
+    assert templates.project_name("Lab 1", tmp_path / "a") != templates.project_name("Lab 1", tmp_path / "b")
+    assert templates.project_name("Lab 1", tmp_path / "a").startswith("tflab-lab-1-")
 
 
 @pytest.mark.parametrize("topology", [
@@ -104,6 +105,7 @@ def test_project_names_are_unique_per_folder(tmp_path: Path) -> None:
     Topology(nodes=3, chief=True, evaluator=True, gpus_per_node=1),
     Topology(nodes=6, gpus_per_node=2, share_gpus=True, bind="0.0.0.0"),
 ])
+@pytest.mark.compose
 def test_docker_compose_config_accepts_generated_files(tmp_path: Path, compose_argv: list[str], topology: Topology) -> None:
     lf = write(tmp_path, topology=topology)
     done = subprocess.run([*compose_argv, "-f", str(lf.compose_path), "config", "--quiet"],

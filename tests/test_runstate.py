@@ -6,8 +6,20 @@ import random
 
 import pytest
 
-from tflab.runstate import (
-    Began, Exited, Finish, Interrupted, Output, Release, RunMachine, RunPlan, Say, Serving, Start, Stop, Tick,
+from tflab.run.machine import (
+    Began,
+    Exited,
+    Finish,
+    Interrupted,
+    Output,
+    Release,
+    RunMachine,
+    RunPlan,
+    Say,
+    Serving,
+    Start,
+    Stop,
+    Tick,
 )
 
 PLAN = RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0",
@@ -212,3 +224,37 @@ def test_events_of_unknown_nodes_and_repeated_exits_change_nothing(code: int) ->
     machine.handle(Exited("worker1", 0, 9.0))
     assert machine.handle(Exited("worker1", code, 9.5)) == []
     assert machine.nodes["worker1"].verdict == "ok"
+
+
+def test_an_oom_killed_worker_gets_the_verdict_oom_with_its_nodes_limit() -> None:
+    plan = RunPlan(servers=("ps0",), finishers=("worker0", "worker1"), chief="worker0",
+                   memory_limits={"ps0": "256M", "worker0": "256M", "worker1": "256M"})
+    machine = started(plan)
+    actions = feed(machine, [Exited("worker1", 137, 9.0, "out of memory")])
+    problem = "worker1 ran out of memory: the kernel's out-of-memory killer ended it at its node's limit of 256M"
+    assert Finish(1, "oom", problem) in actions
+    assert Stop(("ps0", "worker0")) in actions
+    assert machine.nodes["worker1"].verdict == "oom" and machine.nodes["worker0"].verdict == "stopped"
+
+
+def test_a_plain_137_is_not_called_oom() -> None:
+    machine = started()
+    actions = feed(machine, [Exited("worker2", 137, 9.0, None)])
+    assert machine.finish.verdict == "failed" and machine.nodes["worker2"].verdict == "failed"
+    assert not [a for a in actions if isinstance(a, Finish) and "memory" in (a.problem or "")]
+
+
+def test_the_chiefs_end_in_another_terminal_starts_the_grace_of_an_exec(
+) -> None:
+    from tflab.run.machine import PeerEnded
+
+    plan = RunPlan(servers=(), finishers=("worker1",), chief="worker0", grace_s=5.0, stop_hung=False)
+    machine = RunMachine(plan)
+    feed(machine, [Began(0.0), Output("worker1", 1.0, 3)])
+    assert feed(machine, [Tick(100.0)]) == [], "no chief's end, no hang"
+    assert feed(machine, [PeerEnded("worker0", 0, 100.0)]) == [Say("the chief (worker0) has finished")]
+    said = feed(machine, [Tick(106.0)])
+    assert said == [Say("worker1 still running 5s after the chief finished, silent for 6s: it looks hung "
+                        "(Ctrl-C stops it; with --grace tflab stops it)")]
+    assert feed(machine, [Tick(120.0)]) == [], "said once"
+    assert not machine.finished and machine.nodes["worker1"].running

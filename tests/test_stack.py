@@ -6,24 +6,25 @@ from pathlib import Path
 
 import yaml
 
-from tflab import config as cfg
-from tflab import labfiles, render, validate
-from tflab.gpus import Gpu
-from tflab.links import Links
-from tflab.model import Topology
+from tflab.host import labfiles
+from tflab.plan import config as cfg
+from tflab.plan.gpus import Gpu
+from tflab.plan.links import Links
+from tflab.plan.topology import Topology
+from tflab.render import schemas, templates
 
 
 def stack(tmp_path: Path, **kw) -> tuple[labfiles.LabFiles, dict]:
     topology = kw.pop("topology", Topology(nodes=4, gpus_per_node=2))
     config = cfg.LabConfig(name="ref", topology=topology, gpus=tuple(Gpu(i) for i in range(8)), target="swarm", **kw)
     lf = labfiles.write_lab(config, tmp_path / "lab", force=False)
-    text = render.stack_file(lf.lab, config, lf.root, "tflab-node:abc", ("key-1", "pub-1"))
+    text = templates.stack_file(lf.lab, config, lf.root, "tflab-node:abc", ("key-1", "pub-1"))
     return lf, yaml.safe_load(text)
 
 
 def test_reference_stack_by_meaning(tmp_path: Path) -> None:
     lf, doc = stack(tmp_path, swarm=cfg.SwarmSettings(place={"ps0": "gpu-a", "worker2": "gpu-b"}))
-    assert validate.stack_problems(doc) == []
+    assert schemas.stack_problems(doc) == []
     assert list(doc["services"]) == ["ps0", "worker0", "worker1", "worker2"]
     worker1 = doc["services"]["worker1"]
     assert (worker1["image"], worker1["hostname"], worker1["init"]) == ("tflab-node:abc", "worker1", True)
@@ -48,7 +49,7 @@ def test_reference_stack_by_meaning(tmp_path: Path) -> None:
 
 def test_links_and_memlock_when_asked(tmp_path: Path) -> None:
     _, doc = stack(tmp_path, links=Links(rate="1gbit"), memlock=-1)
-    assert validate.stack_problems(doc) == []
+    assert schemas.stack_problems(doc) == []
     worker0 = doc["services"]["worker0"]
     assert worker0["cap_add"] == ["NET_ADMIN"] and worker0["environment"]["TFLAB_LINK_RATE"] == "1gbit"
     assert worker0["ulimits"] == {"memlock": -1}
@@ -58,7 +59,7 @@ def test_keys_stack_deploy_ignores_are_refused_with_a_sentence(tmp_path: Path) -
     _, doc = stack(tmp_path)
     doc["services"]["worker0"]["devices"] = ["/dev/nvidia0:/dev/nvidia0"]
     doc["services"]["worker1"]["shm_size"] = "2g"
-    assert validate.stack_problems(doc) == [
+    assert schemas.stack_problems(doc) == [
         "services.worker0.devices is ignored by `docker stack deploy`: swarm passes no devices: GPUs go by "
         "NVIDIA_VISIBLE_DEVICES with the NVIDIA runtime as the default",
         "services.worker1.shm_size is ignored by `docker stack deploy`: swarm sets no shared memory size: mount a "
@@ -71,8 +72,41 @@ def test_device_reservations_are_refused_and_the_schema_is_applied(tmp_path: Pat
     doc["services"]["ps0"]["deploy"]["resources"] = {
         "reservations": {"devices": [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]}}
     doc["services"]["ps0"]["ports"][0]["host_ip"] = "127.0.0.1"
-    problems = validate.stack_problems(doc)
+    problems = schemas.stack_problems(doc)
     assert "services.ps0.deploy.resources.reservations: 'devices' is not a field here" in problems
     assert "services.ps0.ports[0]: 'host_ip' is not a field here" in problems
     assert any(p.startswith("services.ps0.deploy.resources.reservations.devices is refused by `docker stack deploy`")
                for p in problems)
+
+
+def test_a_registry_that_does_not_answer_is_one_line_and_one_that_answers_passes() -> None:
+    import http.server
+    import socket
+    import threading
+
+    import pytest
+
+    from tflab.engine.swarm_lab import check_registry
+    from tflab.errors import UserError
+
+    class V2(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/v2/" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), V2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_registry(f"127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(UserError) as refused:
+        check_registry(f"127.0.0.1:{port}/team", timeout_s=1)
+    assert str(refused.value) == (f"the registry 127.0.0.1:{port} does not answer (ConnectionError); start it, "
+                                  "or make the lab with the --registry every swarm node pulls from")

@@ -10,10 +10,10 @@ import venv
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from tflab import labfiles
-from tflab import lab as lab_ops
+
+from tflab.engine import compose_lab as lab_ops
+from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def test_the_wheel_carries_every_file_tflab_needs(wheel_venv: Path) -> None:
     wheel = next((wheel_venv.parent / "dist").glob("tflab-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("tflab/templates/docker-compose.yml.j2", "tflab/templates/Dockerfile.j2",
-                   "tflab/templates/docker-stack.yml.j2", "tflab/images/node/guard.py",
+                   "tflab/templates/docker-stack.yml.j2", "tflab/images/node/tflab_guard/supervise.py",
                    "tflab/images/node/entrypoint.sh", "tflab/examples/mnist_async.py", "tflab/examples/tflab.yaml",
                    "tflab/examples/data/digits.npz", "tflab/schemas/tfjob-kubeflow.org-v1.schema.json",
                    "tflab/cli/app.py"):

@@ -28,11 +28,19 @@ class Interrupted(TflabError):
 
 
 class CommandError(TflabError):
-    """An external command exited non-zero."""
+    """An external command failed: it exited non-zero, or did not finish in time (`returncode` None)."""
 
-    def __init__(self, argv: list[str], returncode: int, output: str) -> None:
+    def __init__(self, argv: list[str], returncode: int | None, stdout: str = "", stderr: str = "",
+                 why: str | None = None) -> None:
         self.argv = argv
         self.returncode = returncode
-        self.output = output
-        tail = output.strip().splitlines()[-1] if output.strip() else "no output"
-        super().__init__(f"`{' '.join(argv)}` exited with {returncode}: {tail}")
+        self.stdout = stdout
+        self.stderr = stderr
+        tail = self.output.strip().splitlines()[-1] if self.output.strip() else "no output"
+        what = why or f"exited with {returncode}"
+        super().__init__(f"`{' '.join(argv)}` {what}: {tail}")
+
+    @property
+    def output(self) -> str:
+        """Both outputs, stdout first."""
+        return self.stdout + self.stderr

@@ -36,7 +36,7 @@ chmod 600 /root/.ssh/config
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
 
 # SSH sessions see what `docker exec` sees: TF_CONFIG, TFLAB_*, PATH and the CUDA variables.
-env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED|LANG)=' \
+env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|TF_NUM_(INTRA|INTER)OP_THREADS|OMP_NUM_THREADS|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED|LANG)=' \
     > /root/.ssh/environment || true
 sed 's/^\([^=]*\)=\(.*\)$/export \1='"'"'\2'"'"'/' /root/.ssh/environment > /etc/profile.d/tflab.sh
 

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import sys
 import traceback
 from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
+from tflab.cli import fault as fault_cmd
 from tflab.cli import gen as gen_cmd
-from tflab.cli import lab as lab_cmd
-from tflab.cli import nodes as nodes_cmd
-from tflab.cli import render as render_cmd
+from tflab.cli import lifecycle as lifecycle_cmd
+from tflab.cli import manifests as manifests_cmd
 from tflab.cli import runs as runs_cmd
+from tflab.cli import shell as shell_cmd
 from tflab.cli import tools as tools_cmd
-from tflab.cli.common import SETTINGS
+from tflab.cli import top as top_cmd
+from tflab.cli.common import SETTINGS, StdoutClosed, silence_stdout, stdout_is_closed
 from tflab.errors import TflabError
 
 
@@ -28,7 +29,7 @@ def explain(exc: BaseException) -> tuple[str, int]:
     import docker.errors
     import requests.exceptions
 
-    from tflab.engine import daemon_advice
+    from tflab.engine.daemon import daemon_advice
 
     if isinstance(exc, TflabError):
         return str(exc), exc.exit_code
@@ -38,14 +39,33 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return f"the Docker engine refused: {exc.explanation or exc}", 3
     if isinstance(exc, docker.errors.DockerException):
         return f"the Docker engine: {exc}; is it running (`tflab doctor`)?", 3
+    if isinstance(exc, BrokenPipeError):
+        return (f"a process tflab was writing to ended before reading it all ({exc.strerror or exc}); "
+                "`tflab -v ...` shows which"), 1
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror or exc}{where}", 1
     return f"internal error: {type(exc).__name__}: {exc} (`tflab -v ...` shows where)", 1
 
 
+class _Carried(Exception):
+    """A broken pipe carried past click, which would turn it into a silent exit 1 (whatever pipe broke)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class TflabGroup(TyperGroup):
     """Every error reaches the user as one line on stderr and an exit code, never a traceback (but with -v)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise _Carried(exc).with_traceback(exc.__traceback__) from None
+            raise
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -63,29 +83,19 @@ class TflabGroup(TyperGroup):
         except (click.Abort, KeyboardInterrupt):
             click.echo("tflab: interrupted", err=True)
             sys.exit(130)
-        except BrokenPipeError:
-            _silence_stdout()
-            sys.exit(141)
-        except Exception as exc:  # noqa: BLE001 - the boundary: every error becomes a sentence
-            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
-                _silence_stdout()
+        except Exception as carried:  # noqa: BLE001 - the boundary: every error becomes a sentence
+            exc = carried.error if isinstance(carried, _Carried) else carried
+            if isinstance(exc, StdoutClosed) or (isinstance(exc, OSError) and exc.errno == errno.EPIPE
+                                                 and stdout_is_closed()):
+                # Whoever read our output is gone (`| head`): as quiet as any Unix tool.
+                silence_stdout()
                 sys.exit(141)
             message, code = explain(exc)
             if SETTINGS.verbose:
-                traceback.print_exc()
+                traceback.print_exception(exc)
             click.echo(f"tflab: error: {message}", err=True)
             sys.exit(code)
         sys.exit(result if isinstance(result, int) else 0)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so that nothing more is written to a closed pipe (not even at exit)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 app = typer.Typer(
@@ -109,24 +119,63 @@ def _root(
 
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 
+
+class NodeCommand(TyperCommand):
+    """`exec`/`ssh`: tflab's options may follow NODE (and a task's name) up to `--`; after it, all is the command's.
+
+    Click ends the options at NODE so that the `--` stays among the arguments (it tells a command
+    from a task's name); `tflab exec worker2 --lab DIR -- hostname` is read as
+    `tflab exec --lab DIR worker2 -- hostname`, as `kubectl exec` reads its options.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_options(self.get_params(ctx), args))
+
+
+def hoist_options(params: list[click.Parameter], args: list[str]) -> list[str]:
+    """The known options (with their values) before the first `--` moved ahead of the other words."""
+    takes_value: dict[str, bool] = {}
+    for param in params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                takes_value[name] = not (param.is_flag or param.count)
+    end = args.index("--") if "--" in args else len(args)
+    options: list[str] = []
+    words: list[str] = []
+    head = args[:end]
+    at = 0
+    while at < len(head):
+        name = head[at].split("=", 1)[0]
+        if name not in takes_value:
+            words.append(head[at])
+            at += 1
+            continue
+        width = 2 if takes_value[name] and "=" not in head[at] else 1
+        options.extend(head[at:at + width])
+        at += width
+    return options + words + args[end:]
+
+
 app.command("gen")(gen_cmd.gen)
-app.command("base")(lab_cmd.base)
-app.command("build")(lab_cmd.build)
-app.command("up")(lab_cmd.up)
-app.command("status")(lab_cmd.status)
-app.command("logs")(lab_cmd.logs)
-app.command("down")(lab_cmd.down)
-app.command("exec", context_settings=PASS_THROUGH)(nodes_cmd.exec_)
-app.command("ssh", context_settings=PASS_THROUGH)(nodes_cmd.ssh)
+app.command("base")(lifecycle_cmd.base)
+app.command("build")(lifecycle_cmd.build)
+app.command("up")(lifecycle_cmd.up)
+app.command("status")(lifecycle_cmd.status)
+app.command("logs")(lifecycle_cmd.logs)
+app.command("down")(lifecycle_cmd.down)
+app.command("exec", cls=NodeCommand, context_settings=PASS_THROUGH)(shell_cmd.exec_)
+app.command("ssh", cls=NodeCommand, context_settings=PASS_THROUGH)(shell_cmd.ssh)
 app.command("run")(runs_cmd.run)
 app.command("runs")(runs_cmd.runs)
 app.command("attach")(runs_cmd.attach)
 app.command("stop")(runs_cmd.stop)
+app.command("top")(top_cmd.top)
 app.command("tensorboard")(tools_cmd.tensorboard)
 app.command("doctor")(tools_cmd.doctor)
 render = typer.Typer(help="Write the lab for another engine (Kubernetes).", no_args_is_help=True)
-render.command("k8s")(render_cmd.k8s_)
+render.command("k8s")(manifests_cmd.k8s_)
 app.add_typer(render, name="render")
+app.add_typer(fault_cmd.app, name="fault")
 
 
 def main() -> None:

@@ -14,9 +14,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tflab import labfiles, steps
-from tflab.builds import Progress
+from tflab.engine import daemon
+from tflab.engine.backend import VIAS, LabBackend, open_backend
+from tflab.engine.builds import Progress
 from tflab.errors import UserError
+from tflab.host import labfiles
+from tflab.plan.progress import LineSplitter, is_noise
 
 
 @dataclass
@@ -34,18 +37,39 @@ LabOption = Annotated[Path, typer.Option("--lab", "-C", help="The lab folder (de
 ViaOption = Annotated[str, typer.Option("--via", help="How to reach the nodes: docker (exec, this host) or ssh (their published SSH ports).")]
 
 
+class StdoutClosed(BrokenPipeError):
+    """Whoever read tflab's output went away (`tflab run train | head`): not an error to report."""
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null so that nothing more is written to a closed pipe (not even at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def stdout_is_closed() -> bool:
+    """Whether the reader of our stdout has gone (a pipe's write end then polls as an error)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False  # not a real file (a test's capture): nobody closed it
+
+
 class PipeConsole(Console):
     """A console that lets a closed stdout be handled by tflab (Rich's default is to exit at once)."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the dead pipe, not even at exit
-            os.close(devnull)
-        except (OSError, ValueError):
-            pass
-        raise BrokenPipeError("stdout was closed")
+        silence_stdout()
+        raise StdoutClosed("stdout was closed")
 
 
 def console() -> Console:
@@ -65,7 +89,7 @@ def show_tf_noise() -> bool:
 
 def keep_line(text: str) -> bool:
     """Whether a node's output line reaches the terminal."""
-    return show_tf_noise() or not steps.is_noise(text)
+    return show_tf_noise() or not is_noise(text)
 
 
 @contextmanager
@@ -103,7 +127,7 @@ def open_lab(lab: Path) -> labfiles.LabFiles:
 
 
 def check_via(via: str) -> str:
-    if via not in ("docker", "ssh"):
+    if via not in VIAS:
         raise UserError(f"--via must be docker or ssh, not {via!r}")
     return via
 
@@ -112,7 +136,7 @@ class StreamOut:
     """A node's raw output passed to our stdout/stderr; TensorFlow's start-up noise dropped from stderr."""
 
     def __init__(self) -> None:
-        self.splitter = steps.LineSplitter()
+        self.splitter = LineSplitter()
         self.out = sys.stdout.buffer
         self.err = sys.stderr.buffer
         self.broken = False
@@ -125,9 +149,9 @@ class StreamOut:
                 return
             lines = self.splitter.feed(chunk)
             self._err_lines(lines)
-        except BrokenPipeError:
+        except BrokenPipeError as exc:
             self.broken = True
-            raise
+            raise StdoutClosed("stdout was closed") from exc
 
     def _err_lines(self, lines: list[str]) -> None:
         kept = [line for line in lines if keep_line(line)]
@@ -142,12 +166,6 @@ class StreamOut:
             pass
 
 
-def backend(lf: labfiles.LabFiles, client):  # -> lab.ComposeLab | swarm.SwarmLab
-    """The engine side of a lab: compose on this host, or an existing swarm."""
-    if lf.config.target == "swarm":
-        from tflab.swarm import SwarmLab
-
-        return SwarmLab(lf, client)
-    from tflab.lab import ComposeLab
-
-    return ComposeLab(lf, client)
+def backend(lf: labfiles.LabFiles) -> LabBackend:
+    """The engine side of the lab (compose on this host, or a swarm), on the engine of this host."""
+    return open_backend(lf, daemon.client())

@@ -9,19 +9,28 @@ from typing import Annotated
 
 import typer
 
-from tflab import config as cfg
-from tflab import gpus as gpu_discovery
-from tflab import labfiles, links, ports, proc, resources, views
+from tflab import resources
+from tflab.cli import views
 from tflab.cli.common import LabOption, console
 from tflab.errors import UserError
-from tflab.model import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology, plan
+from tflab.host import hardware, labfiles, ports, proc
+from tflab.plan import config as cfg
+from tflab.plan import links, machines
+from tflab.plan.gpus import Gpu, parse_gpu_list
+from tflab.plan.topology import (
+    LOOPBACK,
+    SSH_PORT_BASE,
+    TENSORBOARD_PORT_BASE,
+    Topology,
+    plan,
+)
 
 
-def host_gpus(spec: str | None) -> list[gpu_discovery.Gpu]:
+def host_gpus(spec: str | None) -> list[Gpu]:
     """The GPUs to split: the explicit --gpus list, else what nvidia-smi reports."""
     if spec is not None:
-        return gpu_discovery.parse_gpu_list(spec)
-    return gpu_discovery.discover(proc.run)
+        return parse_gpu_list(spec)
+    return hardware.discover(proc.run)
 
 
 def host_memlock_limit() -> int:
@@ -61,6 +70,8 @@ def gen(
     evaluator: Annotated[bool, typer.Option(help="Add an `evaluator` node.")] = False,
     gpus: Annotated[str | None, typer.Option(help="Host GPUs to split, e.g. 0-7 or 0,1,4,5 (default: nvidia-smi).")] = None,
     share_gpus: Annotated[bool, typer.Option(help="Let several nodes share a GPU, each with a memory share.")] = False,
+    cpus_per_node: Annotated[str, typer.Option(help="CPUs each node owns: auto (an even share, as whole CPUs of its GPUs' NUMA node; a fraction where the host has fewer CPUs than nodes), N, a fraction such as 0.5, or 0 (shared).")] = machines.AUTO,
+    memory_per_node: Annotated[str, typer.Option(help="Memory each node owns: auto (an even share after a reserve for the host), a size such as 4g, or 0 (no limit).")] = machines.AUTO,
     ssh_port_base: Annotated[int, typer.Option(help="Node i's SSH is published on this + i.")] = SSH_PORT_BASE,
     tensorboard_port_base: Annotated[int, typer.Option(help="Node i's TensorBoard is published on this + i.")] = TENSORBOARD_PORT_BASE,
     bind: Annotated[str, typer.Option(help="Host address ports are published on (beyond loopback is your choice).")] = LOOPBACK,
@@ -72,6 +83,7 @@ def gen(
     shm_size: Annotated[str, typer.Option(help="Shared memory of each node.")] = "2g",
     link_rate: Annotated[str | None, typer.Option(help="Shape every node's link to this rate (100mbit, 1gbit, 10gbit).")] = None,
     link_delay: Annotated[str | None, typer.Option(help="Add this one-way delay in milliseconds to every node's link (needs netem).")] = None,
+    faults: Annotated[bool, typer.Option(help="Let `tflab fault` and drills slow or cut off nodes' traffic (the nodes get NET_ADMIN).")] = False,
     warm: Annotated[bool, typer.Option(help="Keep one TensorFlow interpreter ready in each node, so runs start without the import (about 0.5 GB per node).")] = True,
     target: Annotated[str, typer.Option(help="Where the lab runs: compose (this host) or swarm (an existing Docker Swarm).")] = "compose",
     place: Annotated[list[str] | None, typer.Option(help="Swarm: run NODE on the swarm node labelled tflab.host=HOST (NODE=HOST, repeatable).")] = None,
@@ -93,6 +105,8 @@ def gen(
         nodes=nodes, ps=ps, chief=chief, evaluator=evaluator, gpus_per_node=gpus_per_node,
         share_gpus=share_gpus, ssh_port_base=ssh_port_base,
         tensorboard_port_base=tensorboard_port_base, bind=bind,
+        cpus_per_node=machines.check_cpu_choice(cpus_per_node),
+        memory_per_node=machines.check_memory_choice(memory_per_node),
     )
     root = lab.resolve()
     if (root / cfg.LAB_FILE).exists() and not force:
@@ -102,12 +116,12 @@ def gen(
         examples = resources.example_files()
         scaffold[cfg.CODE_DIR] = examples
         existing = root / cfg.CODE_DIR
-        tasks = (cfg.code_tasks(existing) if existing.is_dir()
+        tasks = (labfiles.code_tasks(existing) if existing.is_dir()
                  else cfg.tasks_from_text(examples[cfg.LAB_FILE].decode(), "tflab's examples"))
         code = cfg.CODE_DIR
     else:
         code = lab_relative(code, root, "--code")
-        tasks = cfg.code_tasks((root / code).resolve())
+        tasks = labfiles.code_tasks((root / code).resolve())
     if data is None:
         scaffold[cfg.DATA_DIR] = resources.example_data()
         data = cfg.DATA_DIR
@@ -116,13 +130,15 @@ def gen(
     if target != "swarm" and (place or registry):
         raise UserError("--place and --registry are for swarm labs: add --target swarm")
     listed = host_gpus(gpus) if gpus_per_node > 0 or gpus is not None else []
-    planned = plan(topology, listed)
+    host = hardware.host_facts(proc.run, listed)
+    planned = plan(topology, listed, host)
     swarm = cfg.SwarmSettings(place=placements(place or [], planned.names), registry=registry)
     config = cfg.LabConfig(
         name=name or root.name or "lab",
         target=target,
         topology=topology,
         gpus=tuple(listed),
+        host=host,
         base_image=base,
         code=code,
         data=data,
@@ -133,6 +149,7 @@ def gen(
         memlock=host_memlock_limit() if target == "compose" else None,
         tasks=tasks,
         links=shaped,
+        faults=faults,
         swarm=swarm,
         warm=warm,
     )
@@ -148,6 +165,9 @@ def gen(
     picture = views.gpu_map(written.lab, listed)
     if picture is not None:
         out.print(picture)
+    out.print(views.machines_text(written.lab, host))
+    if written.warm_off:
+        out.print(written.warm_off)
     if shaped:
         out.print(f"links: {shaped.describe()} on every node's egress")
     if tasks:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Annotated
 
@@ -14,33 +14,32 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from tflab import engine, guard, runrecord, tasks, views
+from tflab.cli import fault as fault_cmd
+from tflab.cli import views
 from tflab.cli.common import (
-    SETTINGS, LabOption, ViaOption, backend, check_via, console, err_console, keep_line, open_lab,
+    SETTINGS,
+    LabOption,
+    ViaOption,
+    backend,
+    check_via,
+    console,
+    err_console,
+    keep_line,
+    open_lab,
 )
-from tflab.config import check_task_name
+from tflab.engine import guardcmd
 from tflab.errors import UserError
-from tflab.labfiles import LabFiles
-from tflab.launcher import Launcher, RunSetup
-from tflab.signals import stop_signals
-from tflab.threads import parallel
+from tflab.host import locks, proc
+from tflab.host.fanout import parallel
+from tflab.host.labfiles import LabFiles
+from tflab.host.signals import stop_signals
+from tflab.plan import faults
+from tflab.plan.config import check_task_name
+from tflab.run import history
+from tflab.run.machine import run_plan
+from tflab.run.task_run import RunOptions, TaskRun
 
 DETACH_WAIT_S = 240.0
-
-
-def fresh_run_dir(lf: LabFiles, task: str, resume: bool) -> Path:
-    """The host side of /runs/TASK: a previous run's is moved aside (to TASK.<time>) unless resuming."""
-    folder = lf.runs_dir / task
-    if folder.exists() and not resume:
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
-        aside = lf.runs_dir / f"{task}.{stamp}"
-        number = 1
-        while aside.exists():
-            number += 1
-            aside = lf.runs_dir / f"{task}.{stamp}-{number}"
-        folder.rename(aside)
-    (folder / runrecord.LOG_DIR).mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 class TerminalSink:
@@ -85,6 +84,9 @@ def run(
     restarts: Annotated[int, typer.Option(help="Restarts allowed for each failed non-chief worker.")] = 0,
     resume: Annotated[bool, typer.Option(help="Keep the previous run's outputs (resume from its checkpoint).")] = False,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the servers serve and the workers started; the run goes on without the terminal.")] = False,
+    metrics: Annotated[bool, typer.Option(help="Write each node's CPU, memory, network, GPUs and steps/s for TensorBoard (runs/TASK/cluster/).")] = True,
+    fault: Annotated[list[str] | None, typer.Option("--fault", help='A drill: "kill worker1 at step 300 then restart", "pause worker2 at 30s for 15s", "cut ps0 at step 100 for 10s" (repeatable).')] = None,
+    expect: Annotated[str | None, typer.Option(help="What the drill should do to the training: survive (exit 0 when it finished despite the faults) or fail.")] = None,
     via: ViaOption = "docker",
     lab: LabOption = Path("."),
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
@@ -97,85 +99,112 @@ def run(
         raise UserError("--restarts cannot be negative")
     if grace < 0 or (timeout is not None and timeout <= 0):
         raise UserError("--grace must be 0 or more and --timeout more than 0 seconds")
-    plan = tasks.run_plan(lf.lab, definition, grace_s=grace, timeout_s=timeout, restarts=restarts)
+    drill = tuple(faults.parse(spec, lf.lab.names) for spec in fault or ())
+    plan = run_plan(lf.lab, definition, grace_s=grace, timeout_s=timeout, restarts=restarts, faults=drill,
+                    expect=faults.check_expectation(expect, drill))
     if not plan.finishers:
         raise UserError(f"task {task}: every node only serves ({', '.join(definition.servers)}); "
                         "nothing would end the run. Make the lab with --chief, or list fewer servers")
-    previous = runrecord.load(lf.runs_dir / task)
-    if previous is not None and runrecord.is_live(previous) and previous.get("pid") != os.getpid():
-        raise UserError(f"run {task} is already going (pid {previous['pid']}); `tflab attach {task}` follows it, "
-                        f"`tflab stop {task}` ends it")
-    side = backend(lf, engine.client())
+    lock = locks.try_lock(locks.task_lock_path(lf.state_dir, task))
+    if lock is None:
+        raise UserError(task_in_use(lf, task))
+    side = backend(lf)
     executor = side.executor(lf.lab.names, via)
+    doer = None
+    if drill:
+        doer = fault_cmd.injector(lf, side)
+        for planned in drill:
+            doer.check(planned)
     if detach and not detached_child:
+        lock.close()  # the run's own process takes it
         _detach(lf, task, [f"--grace={grace}", *([f"--timeout={timeout}"] if timeout else []),
-                           f"--restarts={restarts}", *(["--resume"] if resume else []), f"--via={via}"])
+                           f"--restarts={restarts}", *(["--resume"] if resume else []), f"--via={via}",
+                           "--metrics" if metrics else "--no-metrics", *(f"--fault={spec}" for spec in fault or ()),
+                           *([f"--expect={expect}"] if expect else [])])
         return
-    folder = fresh_run_dir(lf, task, resume)
-    record = runrecord.RunRecord(folder, task, detached_child, time.time())
-    with (folder / runrecord.OUTPUT_FILE).open("a") as output_log:
-        terminal = None if detached_child else console()
-        sink = TerminalSink(lf.lab.names, output_log, terminal)
-        launcher = Launcher(
-            executor, plan,
-            RunSetup(task, tasks.commands(lf.lab, definition), tasks.task_env(task), folder / runrecord.LOG_DIR,
-                     preload=definition.preload, warm=lf.config.warm),
-            sink, on_state=lambda state, machine: record.write(state, machine),
-        )
-        sink.on_broken = lambda: launcher.interrupt("the output pipe closed")
-        sink.event(f"run {task}: servers {', '.join(plan.servers + plan.sidecars) or 'none'} first, then "
-                   f"{', '.join(plan.finishers)}")
-        with stop_signals(launcher.interrupt):
-            result = launcher.execute()
-        data = record.write("finished", result.machine, result.result_line, result.first_step_s)
-        out = err_console() if sink.broken or terminal is None else console()
-        show_verdict(out, lf, data, folder)
+    terminal = None if detached_child else console()
+    sinks: list[TerminalSink] = []
+
+    def make_sink(output_log: IO[str]) -> TerminalSink:
+        sinks.append(TerminalSink(lf.lab.names, output_log, terminal))
+        return sinks[0]
+
+    session = TaskRun(lf, executor, definition, plan, RunOptions(resume=resume, detached=detached_child,
+                                                                 metrics=metrics), make_sink, injector=doer)
+    sink = sinks[0]
+    sink.on_broken = lambda: session.interrupt("the output pipe closed")
+    sink.event(f"run {task}: servers {', '.join(plan.servers + plan.sidecars) or 'none'} first, then "
+               f"{', '.join(plan.finishers)}")
+    with stop_signals(session.interrupt):
+        result, data = session.execute()
+    out = err_console() if sink.broken or terminal is None else console()
+    show_verdict(out, lf, data, session.folder)
     raise typer.Exit(result.finish.exit_code)
+
+
+def task_in_use(lf: LabFiles, task: str) -> str:
+    """Why a task cannot be run now: a run of it is going, or execs of it are."""
+    data = history.load(lf.runs_dir / task)
+    if data is not None and history.is_live(data):
+        return (f"run {task} is already going (pid {data['pid']}); `tflab attach {task}` follows it, "
+                f"`tflab stop {task}` ends it")
+    return (f"task {task} is in use: a run of it is starting, or `tflab exec NODE {task}` runs in another "
+            "terminal; wait until it ends (or stop it) before `tflab run " + task + "`")
 
 
 def show_verdict(out: Console, lf: LabFiles, data: dict, folder: Path) -> None:
     """The summary table, the problem if any, and where the outputs are."""
     out.print(views.run_summary(lf.lab, data["nodes"]))
+    if data.get("faults"):
+        out.print(views.drill_table(data["faults"]))
     if data.get("problem"):
         out.print(Text(f"tflab: {data['problem']}", style="bold red"), soft_wrap=True)
-    out.print(f"outputs: {folder} (logs in {folder / runrecord.LOG_DIR})", soft_wrap=True)
+    if data.get("note"):
+        out.print(Text(f"tflab: note: {data['note']}", style="yellow"), soft_wrap=True)
+    out.print(f"outputs: {folder} (logs in {folder / history.LOG_DIR})", soft_wrap=True)
 
 
 def _detach(lf: LabFiles, task: str, options: list[str]) -> None:
     """Start the run in a process of its own session and return once its workers started."""
     argv = [sys.executable, "-m", "tflab", *(["-v"] if SETTINGS.verbose else []), "run", task,
             "--lab", str(lf.root), *options, "--detached-child"]
-    log_path = lf.state_dir / f"detached-{task}.log"
+    log_path = lf.state_file(f"detached-{task}.log")
     with log_path.open("w") as log:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, cwd=str(lf.root))
-    folder = lf.runs_dir / task
-    deadline = time.monotonic() + DETACH_WAIT_S
-    data = None
-    while time.monotonic() < deadline:
-        data = runrecord.load(folder)
-        mine = data is not None and data.get("pid") == child.pid
-        if mine and data.get("state") in ("running", "stopping", "finished"):
-            break
-        if child.poll() is not None and not mine:
-            tail = log_path.read_text(errors="replace").strip().splitlines()
-            raise UserError(f"the detached run of {task} did not start: {tail[-1] if tail else 'no output'}")
-        time.sleep(0.1)
-    else:
-        raise UserError(f"the detached run of {task} did not get its workers going within {DETACH_WAIT_S:g}s; "
-                        f"see {log_path} and `tflab attach {task}`")
+        child = proc.start(argv, stdin=proc.DEVNULL, stdout=log, stderr=proc.STDOUT, new_session=True, cwd=lf.root)
+    data = wait_until_started(child, lf.runs_dir / task, log_path, task)
     out = console()
     if data.get("state") == "finished":
-        show_verdict(out, lf, data, folder)
+        show_verdict(out, lf, data, lf.runs_dir / task)
         raise typer.Exit(data.get("exit_code") or 0)
     out.print(f"tflab: run {task} goes on in the background (pid {child.pid}): `tflab attach {task}` follows it, "
               f"`tflab stop {task}` ends it, `tflab runs` lists runs", soft_wrap=True)
 
 
+def wait_until_started(child, folder: Path, log_path: Path, task: str, wait_s: float = DETACH_WAIT_S,
+                       clock: Callable[[], float] = time.monotonic, pause_s: float = 0.1) -> dict:
+    """run.json of a detached run once its workers run (or it finished); an error as soon as its process is gone."""
+    deadline = clock() + wait_s
+    while clock() < deadline:
+        data = history.load(folder)
+        mine = data is not None and data.get("pid") == child.pid
+        if mine and data.get("state") in ("running", "stopping", "finished"):
+            return data
+        if child.poll() is not None:
+            data = history.load(folder)
+            if data is not None and data.get("pid") == child.pid and data.get("state") == "finished":
+                return data
+            tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+            said = tail[-1] if tail else f"it exited with {child.returncode} and said nothing"
+            raise UserError(f"the detached run of {task} ended before its workers started: {said}")
+        time.sleep(pause_s)
+    raise UserError(f"the detached run of {task} did not get its workers going within {wait_s:g}s; "
+                    f"see {log_path} and `tflab attach {task}`")
+
+
 def runs(lab: LabOption = Path(".")) -> None:
     """The lab's runs, going and finished: task, start, duration, verdict, result, steps/s."""
     lf = open_lab(lab)
-    found = runrecord.all_runs(lf.runs_dir)
+    found = history.all_runs(lf.runs_dir)
     if not found:
         console().print(f"no runs yet in {lf.runs_dir} (`tflab run TASK` makes one)")
         return
@@ -185,7 +214,7 @@ def runs(lab: LabOption = Path(".")) -> None:
 def _current(lf: LabFiles, task: str) -> tuple[Path, dict]:
     check_task_name(task)
     folder = lf.runs_dir / task
-    data = runrecord.load(folder)
+    data = history.load(folder)
     if data is None:
         raise UserError(f"no run of {task} in {lf.runs_dir}; `tflab runs` lists the runs")
     return folder, data
@@ -208,7 +237,7 @@ def attach(
     with stop_signals(on_stop):
         while not detached[0]:
             try:
-                with (folder / runrecord.OUTPUT_FILE).open("rb") as handle:
+                with (folder / history.OUTPUT_FILE).open("rb") as handle:
                     handle.seek(position)
                     chunk = handle.read()
             except OSError:
@@ -219,10 +248,10 @@ def attach(
                 if complete:
                     sys.stdout.write(complete.decode(errors="replace"))
                     sys.stdout.flush()
-            data = runrecord.load(folder) or data
+            data = history.load(folder) or data
             if data.get("state") == "finished" and not chunk:
                 break
-            if data.get("state") != "finished" and not runrecord.is_live(data):
+            if data.get("state") != "finished" and not history.is_live(data):
                 err_console().print(f"tflab: the run's supervisor (pid {data.get('pid')}) is gone; "
                                     f"`tflab stop {task}` clears what it left")
                 raise typer.Exit(1)
@@ -246,22 +275,22 @@ def stop(
     if data.get("state") == "finished":
         console().print(f"run {task} has already finished: {data.get('verdict')}")
         return
-    if runrecord.is_live(data):
+    if history.is_live(data):
         os.kill(int(data["pid"]), signal.SIGUSR1)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            data = runrecord.load(folder) or data
+            data = history.load(folder) or data
             if data.get("state") == "finished":
                 show_verdict(console(), lf, data, folder)
                 return
             time.sleep(0.2)
         raise UserError(f"run {task} (pid {data['pid']}) did not stop within 60s")
     # Its supervisor is gone: clear whatever it left in the nodes, and say so in its record.
-    side = backend(lf, engine.client())
-    running = [name for name, (state, _) in side.status().items() if state == "running" and name in lf.lab.names]
+    side = backend(lf)
+    running = [name for name, node in side.status().items() if node.running and name in lf.lab.names]
     executor = side.executor(running, via)
-    parallel(lambda name: executor.run(name, guard.stop([guard.run_key(task, "*")], force=True)), running)
+    parallel(lambda name: executor.run(name, guardcmd.stop([guardcmd.run_key(task, "*")], force=True)), running)
     data.update(state="finished", verdict="interrupted", exit_code=130, ended=time.time(),
                 problem=f"its supervisor (pid {data.get('pid')}) was gone; `tflab stop` cleared what it left")
-    runrecord.save(folder, data)
+    history.save(folder, data)
     show_verdict(console(), lf, data, folder)

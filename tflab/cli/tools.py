@@ -10,10 +10,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tflab import doctor as doctor_checks
-from tflab import engine, guard, nodes
 from tflab.cli.common import LabOption, backend, console, open_lab
+from tflab.engine import doctor as doctor_checks
+from tflab.engine import guardcmd
 from tflab.errors import UserError
+from tflab.host.ports import wait_for_http
 
 TENSORBOARD_KEY = "tensorboard"
 
@@ -24,20 +25,20 @@ def tensorboard(
 ) -> None:
     """Serve the shared runs folder with TensorBoard inside the chief node, published on the host."""
     lf = open_lab(lab)
-    side = backend(lf, engine.client())
+    side = backend(lf)
     chief = lf.lab.chief
     executor = side.executor([chief.name])
-    executor.run(chief.name, guard.stop([TENSORBOARD_KEY], grace_s=2.0))
+    executor.run(chief.name, guardcmd.stop([TENSORBOARD_KEY], grace_s=2.0))
     if stop:
         console().print(f"stopped TensorBoard on {chief.name}")
         return
     argv = ["tensorboard", "--logdir", "/runs", "--host", "0.0.0.0", "--port", "6006", "--reload_interval", "5"]
     # Detached and not held: it lives until `tflab tensorboard --stop` or `tflab down`.
-    executor.spawn(chief.name, guard.serve_detached(TENSORBOARD_KEY, argv, "/tmp/tflab-tensorboard.log"),
+    executor.spawn(chief.name, guardcmd.serve_detached(TENSORBOARD_KEY, argv, "/tmp/tflab-tensorboard.log"),
                    workdir="/runs")
     host, port = side.ssh_targets()[chief.name][0], chief.tensorboard_port
     url = f"http://{host}:{port}/"
-    if not nodes.wait_for_http(url, deadline=time.monotonic() + 90):
+    if not wait_for_http(url, deadline=time.monotonic() + 90):
         raise UserError(f"TensorBoard did not answer at {url} within 90s; its log: "
                         f"`tflab exec {chief.name} -- cat /tmp/tflab-tensorboard.log`")
     console().print(f"TensorBoard for {lf.runs_dir} (as /runs in {chief.name}): {url}")

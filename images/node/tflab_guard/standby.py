@@ -1,0 +1,184 @@
+"""The warm standby: one interpreter per node with TensorFlow imported, waiting to become the next program.
+
+A `run --warm` (or `serve --warm`) claims it over a unix socket, then hands it the program:
+argv, environment, folder, and its own standard input, output and error, passed as file
+descriptors (sendmsg with SCM_RIGHTS: socket.send_fds is Python 3.9+). The standby becomes
+the program, with the program's command line as its process title. It is made again after
+each run (tflab asks) and leaves after a while unused. Only one is ever made at a time
+(a lock held while it waits), and only one guard claims it (a lock around the claim).
+"""
+
+import array
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+from tflab_guard import commands, groups, proctitle, registry
+
+KEY = "standby"
+HEADER = struct.Struct("!I")
+TAKEN = b"taken\n"
+
+
+def socket_path():
+    return registry.state_path("standby.sock")
+
+
+def ready():
+    """Whether this node's standby is imported and listening."""
+    return registry.read_pid(KEY) is not None and os.path.exists(socket_path())
+
+
+def send_fds(sock, payload, fds):
+    """`payload` and the descriptors `fds` over a unix socket (the descriptors ride on the header)."""
+    sock.sendmsg([HEADER.pack(len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    sock.sendall(payload)
+
+
+def _read_exactly(sock, size):
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the peer went away")
+        data += chunk
+    return data
+
+
+def recv_fds(sock, max_fds):
+    """(payload, descriptors) sent by `send_fds`."""
+    fds = array.array("i")
+    header, ancillary, _flags, _address = sock.recvmsg(HEADER.size, socket.CMSG_LEN(max_fds * fds.itemsize))
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    if len(header) < HEADER.size:
+        header += _read_exactly(sock, HEADER.size - len(header))
+    (size,) = HEADER.unpack(header)
+    return _read_exactly(sock, size), list(fds)
+
+
+def standby(args):
+    lock = registry.try_lock("standby")
+    if lock is None:
+        return 0  # this node has one already, or one is being made
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    registry.write_pid(KEY, os.getpgrp())
+    try:
+        import tensorflow  # noqa: F401  (the point: paid before anyone waits for it)
+    except Exception:  # noqa: BLE001 - no TensorFlow: no standby
+        registry.write_exit(KEY, 1)
+        return 1
+    path = socket_path()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    registry.unlink(path)
+    server.bind(path)
+    server.listen(1)
+    server.settimeout(args.idle)
+    try:
+        connection, _ = server.accept()
+    except socket.timeout:
+        return 0
+    finally:
+        server.close()
+        registry.unlink(path)
+        registry.unlink(registry.pid_path(KEY))
+        lock.close()  # taken (or gone): the next standby may be made
+    connection.settimeout(None)
+    try:
+        connection.sendall(TAKEN)
+        message, fds = recv_fds(connection, 3)
+    except (OSError, EOFError):
+        return 1  # the claimant went away before handing a program over
+    if len(fds) != 3:
+        return 1
+    request = json.loads(message.decode())
+    become(request, fds, connection)
+    return 0  # not reached: become() exits
+
+
+def become(request, fds, connection):
+    """Turn this interpreter into the program of `request`, on the descriptors `fds`; exits with its code."""
+    connection.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    proctitle.set_title(commands.command_line(argv), os.path.basename(argv[0]))
+
+    def watch_requester():
+        # The guard that handed the program over stands for tflab: if it goes, so does the program.
+        try:
+            while connection.recv(1):
+                pass
+        except OSError:
+            pass
+        groups.stop_group(os.getpgrp(), request.get("grace", 3.0))
+
+    threading.Thread(target=watch_requester, daemon=True).start()
+    code = commands.run_program(argv)
+    try:
+        connection.sendall((json.dumps({"exit": code}) + "\n").encode())
+    except OSError:
+        pass
+    sys.exit(code)
+
+
+def claim(wait_s=60.0):
+    """This node's standby, claimed (a connection to it), waiting while one is still importing; None when there is none."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with registry.locked("claim"):
+            if os.path.exists(socket_path()):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(10)
+                    sock.connect(socket_path())
+                    if _read_exactly(sock, len(TAKEN)) == TAKEN:
+                        sock.settimeout(None)
+                        return sock
+                except (OSError, EOFError):
+                    pass
+                sock.close()
+        if registry.read_pid(KEY) is None:
+            return None  # none importing either
+        time.sleep(0.05)
+    return None
+
+
+def run_in_standby(key, argv, env, sock, stdout, stderr, grace, closed):
+    """Hand `argv` to the claimed standby and wait for its end; its exit code (the caller records it)."""
+    with open(os.devnull, "rb") as devnull:
+        request = {"argv": argv, "env": env, "cwd": os.getcwd(), "grace": grace}
+        send_fds(sock, json.dumps(request).encode(), [devnull.fileno(), stdout, stderr])
+    replies = sock.makefile("r")
+    first = replies.readline()
+    if not first:
+        return 137  # it died as it took the program
+    pid = json.loads(first)["pid"]
+    registry.write_pid(key, pid)
+
+    def on_close():
+        closed.wait()
+        groups.stop_group(pid, grace)
+
+    threading.Thread(target=on_close, daemon=True).start()
+    last = replies.readline()
+    code = json.loads(last)["exit"] if last else 137  # no word from it: it was killed
+    # Its end is ours only once it is gone (an interpreter with TensorFlow takes a moment to exit),
+    # with anything it started.
+    deadline = time.monotonic() + grace
+    while groups.group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    groups.stop_group(pid, grace)
+    return code

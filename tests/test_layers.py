@@ -1,0 +1,67 @@
+"""The folder list shows the layers, and the layers hold: import-linter's contract, and no printing below the CLI."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+LOWER = ("plan", "render", "host", "engine", "run")
+
+
+def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    command = Path(sys.executable).with_name("lint-imports")
+    if not command.exists():
+        pytest.fail(f"no lint-imports beside {sys.executable}: install tflab with its test extra (pip install -e '.[test]')")
+    env = {"PATH": "/usr/bin:/bin", **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+    return subprocess.run([str(command), "--no-cache"], cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_layer_contract_holds() -> None:
+    done = lint_imports(REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "layers: cli > run > engine > host > render > plan KEPT" in done.stdout
+
+
+def test_a_lower_layer_importing_a_higher_one_breaks_the_contract(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "tflab", tmp_path / "tflab", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "examples", "images", "templates", "schemas"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    topology = tmp_path / "tflab" / "plan" / "topology.py"
+    topology.write_text(topology.read_text() + "\n\nfrom tflab.run import launcher  # a plan that knows the launcher\n")
+    done = lint_imports(tmp_path, pythonpath=tmp_path)
+    assert done.returncode != 0
+    assert "layers: cli > run > engine > host > render > plan BROKEN" in done.stdout
+    assert "tflab.plan.topology -> tflab.run.launcher" in done.stdout
+
+
+def printing_calls(path: Path) -> list[str]:
+    """Calls that write to the terminal: print(), sys.stdout/stderr writes."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "print":
+            found.append(f"{path.relative_to(REPO)}:{node.lineno} print()")
+        elif (isinstance(func, ast.Attribute) and func.attr in ("write", "flush")
+              and isinstance(func.value, ast.Attribute) and func.value.attr in ("stdout", "stderr")
+              and isinstance(func.value.value, ast.Name) and func.value.value.id == "sys"):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno} sys.{func.value.attr}.{func.attr}()")
+    return found
+
+
+def test_only_the_command_line_prints() -> None:
+    found = [hit for layer in LOWER for path in sorted((REPO / "tflab" / layer).glob("*.py"))
+             for hit in printing_calls(path)]
+    assert found == []
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    top = sorted(p.name for p in (REPO / "tflab").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "errors.py", "resources.py"]

@@ -1,0 +1,86 @@
+"""Training progress from the lines programs really print (literal lines), and a task's own pattern."""
+
+from __future__ import annotations
+
+import pytest
+
+from tflab.errors import UserError
+from tflab.plan import config as cfg
+from tflab.plan.progress import ProgressReader, Reading, node_rate, rate
+
+
+@pytest.mark.parametrize(("line", "reading"), [
+    # tflab's examples and most hand-written loops
+    ("worker0: global step 201 loss 0.0859 (46.6 steps/s here)", Reading(step=201)),
+    ("step=5 loss=0.3", Reading(step=5)),
+    # the classic books' flag-style distributed programs
+    ("After 100 training steps (100 global steps), loss on training batch is 0.71", Reading(step=100)),
+    ("After 1001 training steps (2954 global steps), loss on training batch is 0.0466. (0.011 sec/batch)",
+     Reading(step=2954)),
+    ("After 1 training step (1 global step), loss on training batch is 2.31", Reading(step=1)),
+    # TF1's hooks, through tf.compat.v1.logging
+    ("INFO:tensorflow:global_step/sec: 123.4", Reading(rate=123.4)),
+    ("I1124 07:20:00.123 140 basic_session_run_hooks.py:692] global_step/sec: 98.5", Reading(rate=98.5)),
+    ("INFO:tensorflow:loss = 0.1, step = 300 (0.807 sec)", Reading(step=300)),
+    # not progress
+    ("data: digits, 1437 training and 360 test examples of 64 features", None),
+    ("WARNING:tensorflow:From train.py:12: StopAtStepHook", None),
+    ("8/8 - 0s - 11ms/step", None),
+])
+def test_single_lines(line: str, reading: Reading | None) -> None:
+    assert ProgressReader().read(line) == reading
+
+
+def test_keras_epochs_and_progress_bars_count_every_batch() -> None:
+    reader = ProgressReader()
+    lines = [
+        "Epoch 1/5",
+        "  1/469 [..............................] - ETA: 4:21 - loss: 2.3",
+        "469/469 [==============================] - 3s 6ms/step - loss: 0.35 - accuracy: 0.9",
+        "Epoch 2/5",
+        "120/469 [=====>........................] - ETA: 2s - loss: 0.21",
+    ]
+    assert [reader.read(line) for line in lines] == [
+        None, Reading(step=1), Reading(step=469), None, Reading(step=469 + 120)]
+    keras3 = ProgressReader()
+    assert keras3.read("Epoch 3/5") is None
+    assert keras3.read(" 10/100 ━━━━━━━━━━━━━━━━━━━━ 0s 7ms/step - accuracy: 0.81 - loss: 0.62") == Reading(step=210)
+
+
+def test_a_line_rewritten_in_place_counts_by_its_last_update() -> None:
+    line = "  1/469 [....] - ETA: 4s\r 50/469 [==>.] - ETA: 3s\r120/469 [===>] - ETA: 2s"
+    assert ProgressReader().read(line) == Reading(step=120)
+
+
+def test_a_tasks_own_pattern_comes_first() -> None:
+    reader = ProgressReader(r"iter (?P<step>\d+)/")
+    assert reader.read("iter 42/1000 done") == Reading(step=42)
+    assert reader.read("step 7") == Reading(step=7), "tflab's own reading still applies to other lines"
+    assert ProgressReader(r"(?P<rate>[\d.]+) it/s").read("12.5 it/s") == Reading(rate=12.5)
+
+
+def test_a_bad_progress_pattern_in_tflab_yaml_names_its_key() -> None:
+    with pytest.raises(UserError, match=r"tasks.train.progress needs a named group \(\?P<step>...\)"):
+        cfg.parse_tasks({"train": {"command": "python t.py", "progress": r"iter (\d+)"}}, "tflab.yaml")
+    with pytest.raises(UserError, match=r"tasks.train.progress is not a regular expression"):
+        cfg.parse_tasks({"train": {"command": "python t.py", "progress": r"iter (?P<step>\d+"}}, "tflab.yaml")
+    task = cfg.parse_tasks({"train": {"command": "python t.py", "progress": r"it (?P<step>\d+)"}}, "x")["train"]
+    assert cfg.dump_tasks({"train": task}) == {"train": {"command": "python t.py", "progress": r"it (?P<step>\d+)"}}
+
+
+def test_steps_per_second_from_steps_else_from_the_rate_a_program_reports() -> None:
+    assert rate([(0.0, 0), (10.0, 500)]) == 50.0
+    assert node_rate([], [(1.0, 40.0), (2.0, 42.0)]) == 42.0
+    assert node_rate([(0.0, 0), (10.0, 100)], [(10.0, 99.0)]) == 10.0, "counted steps come first"
+
+
+def test_a_bar_rewritten_in_place_is_read_as_it_moves() -> None:
+    from tflab.plan.progress import LineSplitter
+
+    updates, lines = LineSplitter(updates=True), LineSplitter()
+    chunks = [b"Epoch 1/1\n\r\x1b[1m 1/3\x1b[0m \x1b[37m\xe2\x94\x81", b"\r\x1b[1m 2/3\x1b[0m \xe2\x94\x81\r 3/3 ",
+              b"\xe2\x94\x81 done\n"]
+    seen = [part for chunk in chunks for part in updates.feed(chunk)]
+    reader = ProgressReader()
+    assert [r.step for r in map(reader.read, seen) if r] == [1, 2, 3], "each rewrite is read when it comes"
+    assert [line for chunk in chunks for line in lines.feed(chunk)][0] == "Epoch 1/1"

@@ -1,0 +1,103 @@
+"""What keeps runs apart and honest, without an engine: the task lock, live supervisors, detached starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+from tflab.cli.runs import wait_until_started
+from tflab.errors import UserError
+from tflab.host import locks
+from tflab.host.labfiles import open_lab
+from tflab.run import history
+
+
+@pytest.fixture
+def lab(runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
+    folder = tmp_path / "lab"
+    assert runner.invoke(cli, ["gen", "--lab", str(folder), "--nodes", "2"]).exit_code == 0
+    return folder
+
+
+def hold_in_another_process(path: Path, shared: bool) -> subprocess.Popen:
+    """Another tflab process holding a task's lock (a run: alone; an exec: shared)."""
+    mode = "fcntl.LOCK_SH" if shared else "fcntl.LOCK_EX"
+    child = subprocess.Popen([sys.executable, "-c", f"import fcntl, sys\nf = open({str(path)!r}, 'a')\n"
+                              f"fcntl.flock(f, {mode})\nprint('held', flush=True)\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "held\n"
+    return child
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_task_in_use_is_not_run_again_and_its_folder_stays(runner, lab: Path, shared: bool) -> None:
+    lf = open_lab(lab)
+    (lf.runs_dir / "train").mkdir(parents=True)
+    (lf.runs_dir / "train" / "model.ckpt.index").write_text("the running job's")
+    lf.state_dir.mkdir()
+    holder = hold_in_another_process(locks.task_lock_path(lf.state_dir, "train"), shared)
+    try:
+        result = runner.invoke(cli, ["run", "train", "--lab", str(lab)])
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert result.exit_code == 2
+    assert result.stderr.startswith("tflab: error: task train is in use: a run of it is starting, or "
+                                    "`tflab exec NODE train` runs in another terminal")
+    assert sorted(p.name for p in lf.runs_dir.iterdir()) == ["train"], "nothing was moved aside"
+
+
+def test_execs_share_a_task_and_keep_a_run_out(tmp_path: Path) -> None:
+    path = tmp_path / "task-train.lock"
+    first, second = locks.try_lock(path, shared=True), locks.try_lock(path, shared=True)
+    assert first is not None and second is not None
+    assert locks.try_lock(path) is None
+    first.close()
+    second.close()
+    run = locks.try_lock(path)
+    assert run is not None and locks.try_lock(path, shared=True) is None
+    run.close()
+
+
+def test_a_recycled_pid_is_not_a_live_supervisor() -> None:
+    me = {"state": "running", "host": socket.gethostname(), "pid": os.getpid()}
+    assert history.is_live({**me, "pid_start": history.process_start(os.getpid())})
+    assert not history.is_live({**me, "pid_start": "1"}), "same pid, another process"
+    assert history.is_live(me), "records without a start time are judged by the pid"
+
+
+class Exited:
+    """A detached run's process that has ended."""
+
+    def __init__(self, pid: int, code: int) -> None:
+        self.pid, self.returncode = pid, code
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def test_a_detached_run_that_dies_after_starting_is_reported_at_once(tmp_path: Path) -> None:
+    folder, log = tmp_path / "runs" / "train", tmp_path / "detached-train.log"
+    history.save(folder, {"task": "train", "state": "starting", "pid": 4242})
+    log.write_text("tflab: error: worker1 cannot start: no such container\n")
+    started = time.monotonic()
+    with pytest.raises(UserError, match="ended before its workers started: tflab: error: worker1 cannot start"):
+        wait_until_started(Exited(4242, 3), folder, log, "train")
+    assert time.monotonic() - started < 2
+
+
+def test_a_detached_run_that_finished_quickly_gives_its_verdict(tmp_path: Path) -> None:
+    folder = tmp_path / "runs" / "hello"
+    history.save(folder, {"task": "hello", "state": "finished", "pid": 4243, "exit_code": 0})
+    data = wait_until_started(Exited(4243, 0), folder, tmp_path / "log", "hello")
+    assert data["state"] == "finished"
+    assert json.loads((folder / history.RUN_FILE).read_text())["pid"] == 4243

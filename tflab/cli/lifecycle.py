@@ -1,0 +1,133 @@
+"""Commands that drive a lab's life: base, build, up, status, logs, down."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from tflab.cli import views
+from tflab.cli.common import LabOption, backend, console, open_lab, progress
+from tflab.engine import compose_lab as lab_ops
+from tflab.engine import copying, daemon, local_base, node_image
+from tflab.errors import UserError
+from tflab.host import buildsettings, proc
+
+
+def base(
+    gpu: Annotated[bool, typer.Option(help="Build the GPU variant (tensorflow[and-cuda]).")] = False,
+    force: Annotated[bool, typer.Option(help="Build again even if it exists.")] = False,
+    ca_bundle: Annotated[str | None, typer.Option(help="CA bundle pip must trust (default: the host's).")] = None,
+    index_url: Annotated[str | None, typer.Option(help="pip index to use (default: the host's pip setting).")] = None,
+    tensorflow: Annotated[str | None, typer.Option(help="pip requirement for TensorFlow (default tensorflow-cpu).")] = None,
+    tag: Annotated[str | None, typer.Option(help="Tag the base as this (default tflab-base:cpu, or :gpu); labs use it with --base TAG.")] = None,
+) -> None:
+    """Build the local base image (mmdebstrap or debootstrap, then pip) for hosts with no container registry."""
+    client = daemon.client()
+    mirror = buildsettings.parse_apt_sources(buildsettings.read_apt_sources())
+    pip = buildsettings.pip_settings(proc.run, os.environ, ca_bundle, index_url)
+    with progress("base image") as report:
+        result = local_base.build_base(client, mirror, pip, report, gpu=gpu, force=force, tensorflow=tensorflow,
+                                       tag=tag)
+    if result.built:
+        console().print(f"built {result.tag} ({result.image_id[7:19]}) from {buildsettings.without_credentials(mirror.uri)} {mirror.suite}; log: {result.log}")
+    else:
+        console().print(f"{result.tag} is up to date ({result.image_id[7:19]})")
+
+
+def build(
+    force: Annotated[bool, typer.Option(help="Build again even if the image exists.")] = False,
+    bake: Annotated[bool, typer.Option(help="Also make an image with the lab's code in /workspace (and its data in /data), for Kubernetes.")] = False,
+    tag: Annotated[str | None, typer.Option(help="With --bake: the baked image's tag (default tflab-baked:HASH).")] = None,
+    lab: LabOption = Path("."),
+) -> None:
+    """Build the lab's node image (skipped when an image of the same inputs exists)."""
+    lf = open_lab(lab)
+    client = daemon.client()
+    with progress("node image") as report:
+        result = lab_ops.ensure_image(lf, client, report, force=force)
+        if bake:
+            folders = {sync.target: sync.source for sync in copying.syncs(lf)}
+            baked = node_image.bake(client, result.tag, folders, tag, report)
+    if lf.config.target == "compose":
+        lf.write_compose(result.tag)
+    if bake:
+        console().print(f"{'baked' if baked.built else 'up to date:'} {baked.tag} ({baked.image_id[7:19]}): "
+                        f"{' and '.join(sorted(folders))} inside; `tflab render k8s --image {baked.tag}` "
+                        "once it is pushed where the cluster pulls from", soft_wrap=True)
+        return
+    if result.built:
+        how = f"log: {result.log}" if result.log else "tflab's base carries the node's files: nothing to build"
+        console().print(f"built {result.tag} ({result.image_id[7:19]}); {how}")
+    else:
+        console().print(f"{result.tag} is up to date ({result.image_id[7:19]})")
+
+
+def up(lab: LabOption = Path(".")) -> None:
+    """Start the lab: build if needed, start nodes, wait for sshd, copy code and data."""
+    lf = open_lab(lab)
+    side = backend(lf)
+    with progress("up") as report:
+        copied = side.up(report)
+    out = console()
+    out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links,
+                                 swarm=lf.config.target == "swarm"))
+    if copied:
+        out.print("copied: " + ", ".join(copied))
+    if lf.warm_off:
+        out.print(lf.warm_off)
+    out.print(f"ready: {len(lf.lab.nodes)} nodes; shared runs folder {lf.runs_dir}")
+
+
+def status(lab: LabOption = Path(".")) -> None:
+    """Each node's state and health, GPUs, ports and links."""
+    lf = open_lab(lab)
+    states = backend(lf).status()
+    out = console()
+    out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links,
+                                 swarm=lf.config.target == "swarm"))
+    picture = views.gpu_map(lf.lab, lf.config.gpus)
+    if picture is not None:
+        out.print(picture)
+    if lf.warm_off:
+        out.print(lf.warm_off)
+    if not states:
+        out.print("the lab is not up (`tflab up` starts it)")
+
+
+def logs(
+    node: Annotated[str | None, typer.Argument(help="One node (default: every node).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+    tail: Annotated[str, typer.Option(help="Lines from the end of each log.")] = "all",
+    lab: LabOption = Path("."),
+) -> None:
+    """The nodes' logs (sshd and anything the entrypoint printed), each line after its node's name."""
+    lf = open_lab(lab)
+    if tail != "all" and not tail.isdigit():
+        raise UserError(f"--tail must be a number of lines or all, not {tail!r}")
+    side = backend(lf)
+    if node is not None:
+        lf.lab.node(node)
+        names = [node]
+    else:
+        names = [name for name in lf.lab.names if name in side.status()]
+    width = max(len(name) for name in names) if names else 0
+    out = console()
+    try:
+        for name, line in side.logs(names, follow, tail):
+            out.print(Text(f"{name:<{width}} | ") + Text(line), soft_wrap=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def down(lab: LabOption = Path(".")) -> None:
+    """Stop and remove every container and network of the lab (the runs folder stays)."""
+    lf = open_lab(lab)
+    with progress("down") as report:
+        report.step(f"removing the lab {lf.config.name}")
+        removed, networks = backend(lf).down()
+    if removed or networks:
+        console().print(f"removed {removed} node(s) and {networks} network(s); outputs stay in {lf.runs_dir}")

@@ -1,0 +1,141 @@
+"""Commands that reach into one node: exec (a task or any command) and ssh."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tflab.cli.common import (
+    LabOption,
+    StreamOut,
+    ViaOption,
+    backend,
+    check_via,
+    err_console,
+    open_lab,
+)
+from tflab.engine import guardcmd
+from tflab.engine.backend import LabBackend
+from tflab.engine.executors import ssh_argv
+from tflab.errors import UserError
+from tflab.host import locks, proc
+from tflab.host.signals import stop_signals
+from tflab.plan import tasks
+from tflab.run.exec_session import ExecResult, ExecSession, ExecSetup
+from tflab.run.machine import exec_plan, run_plan
+
+
+def exec_(
+    node: Annotated[str, typer.Argument(help="The node to run on.")],
+    command: Annotated[list[str] | None, typer.Argument(help="TASK from tflab.yaml, or -- CMD ...")] = None,
+    tty: Annotated[bool | None, typer.Option("--tty/--no-tty", help="Give it a terminal (default: when stdin is one).")] = None,
+    grace: Annotated[float | None, typer.Option(help="Stop a worker still waiting this many seconds after the chief's exec finished (without it, tflab only says so, after 30 s).")] = None,
+    resume: Annotated[bool, typer.Option(help="Keep the previous session's outputs (resume from its checkpoint) when this exec starts one.")] = False,
+    via: ViaOption = "docker",
+    lab: LabOption = Path("."),
+) -> None:
+    """Run a task as NODE (its servers started first when they are not serving yet), or, after --, any command.
+
+    NODE's exit code is tflab's. The first exec of a task starts a fresh session (as `tflab run`,
+    unless --resume); execs of the same task in other terminals join it. Servers are stopped
+    when the last exec using them ends.
+    """
+    lf = open_lab(lab)
+    lf.lab.node(node)
+    check_via(via)
+    words = list(command or [])
+    # Options end at NODE, so click leaves a `--` after it among the arguments.
+    dashdash = words[:1] == ["--"]
+    if dashdash:
+        words = words[1:]
+    if words and not dashdash and len(words) > 1:
+        raise UserError(f"`tflab exec {node} {shlex.join(words)}`: name one task, or put -- before a command")
+    task = lf.config.task(words[0]) if words and not dashdash else None
+    side = backend(lf)
+    if task is None:
+        argv = words or ["bash", "-l"]
+        use_tty = sys.stdin.isatty() and sys.stdout.isatty() if tty is None else tty
+        sys.exit(_exec_command(side, node, argv, use_tty, via))
+    if grace is not None and grace < 0:
+        raise UserError("--grace must be 0 or more seconds")
+    task_lock = locks.try_lock(locks.task_lock_path(lf.state_dir, task.name), shared=True)
+    if task_lock is None:
+        raise UserError(f"run {task.name} is going (`tflab attach {task.name}` follows it, `tflab stop {task.name}` "
+                        "ends it): an exec of the same task would share its servers and its folder")
+    servers = tasks.servers_for_exec(lf.lab, task, node)
+    worker = node in run_plan(lf.lab, task).finishers
+    setup = ExecSetup(
+        task=task.name, node=node, servers=tuple(n.name for n in servers), commands=tasks.commands(lf.lab, task),
+        env=tasks.task_env(task.name), lock=lf.state_file(f"exec-{task.name}.lock"),
+        records=lf.state_dir / "execs" / task.name, runs_dir=lf.runs_dir,
+        plan=exec_plan(lf.lab, task, node, grace) if worker else None, resume=resume, progress=task.progress,
+        warm=lf.warm and task.preload,
+    )
+    executor = side.executor([node, *setup.servers], via)
+    output = StreamOut()
+    err = err_console()
+    session = ExecSession(executor, setup, output, lambda message: err.print(f"tflab: {message}", markup=False))
+    with stop_signals(session.interrupt):
+        result = session.run()
+    output.finish()
+    err.print(f"tflab: {exec_verdict(node, task.name, result)}", markup=False)
+    sys.exit(result.code)
+
+
+def exec_verdict(node: str, task: str, result: ExecResult) -> str:
+    """The exec's last line: its verdict, exit code, length, steps/s, and the problem where there was one."""
+    facts = [f"exit {result.code}", f"{result.duration_s:.1f}s"]
+    if result.steps_per_s:
+        facts.append(f"{result.steps_per_s:.1f} steps/s")
+    line = f"{node}'s {task}: {result.verdict} ({', '.join(facts)})"
+    return f"{line}: {result.problem}" if result.problem and result.verdict != "interrupted" else line
+
+
+def _exec_command(side: LabBackend, node: str, argv: list[str], use_tty: bool, via: str) -> int:
+    """Any command in a node: on this terminal (`docker exec -it`, `ssh -t`), else attached through the guard."""
+    if use_tty:
+        return proc.interactive(side.interactive(node, argv, via))
+    executor = side.executor([node], via)
+    key = guardcmd.exec_key("cmd", node, str(os.getpid()))
+    output = StreamOut()
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    process = executor.start(node, guardcmd.run_argv(key, argv), output,
+                             lambda code, reason: events.put(("exit", code, reason)))
+    # Like `run`, stop the command in the node on Ctrl-C (a bare `docker exec` would leave it running).
+    with stop_signals(lambda reason, force: events.put(("stop", reason, force))):
+        while True:
+            kind, first, second = events.get()
+            if kind == "exit":
+                break
+            process.close()
+    output.finish()
+    if first is None:
+        err_console().print(f"tflab: the command in {node} ended with no exit code: {second}", markup=False)
+        return 255
+    return int(first)
+
+
+def ssh(
+    node: Annotated[str, typer.Argument(help="The node to open a shell on.")],
+    remote: Annotated[list[str] | None, typer.Argument(help="A command to run instead of a shell.")] = None,
+    lab: LabOption = Path("."),
+) -> None:
+    """Open a shell on NODE over SSH with the lab key, through its published port."""
+    lf = open_lab(lab)
+    lf.lab.node(node)
+    if shutil.which("ssh") is None:
+        raise UserError("no ssh client on this host; install openssh-client")
+    words = list(remote or [])
+    if words[:1] == ["--"]:
+        words = words[1:]
+    targets = backend(lf).ssh_targets()
+    if node not in targets:
+        raise UserError(f"node {node} is not running; `tflab up` starts it")
+    sys.exit(proc.interactive(ssh_argv(targets[node], lf.private_key, [], words)))

@@ -1,0 +1,210 @@
+"""What the CLI shows: tables and the GPU map, as Rich renderables (no printing here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from tflab.engine.backend import NodeState
+from tflab.plan import machines
+from tflab.plan.gpus import Gpu
+from tflab.plan.links import Links
+from tflab.plan.machines import HostFacts, Machine
+from tflab.plan.topology import Lab, Node
+
+NODE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
+
+
+def gpu_text(node: Node) -> str:
+    """A node's GPUs as a short list (`0,1`, or `-` for a CPU node)."""
+    text = ",".join(str(g) for g in node.gpus) or "-"
+    if node.gpu_memory_fraction is not None:
+        text += f" ({node.gpu_memory_fraction:.0%})"
+    return text
+
+
+def role_text(lab: Lab, node: Node) -> str:
+    """The node's role, saying which one is the chief."""
+    return f"{node.job} (chief)" if node is lab.chief and node.job != "chief" else node.job
+
+
+def cpu_text(machine: Machine) -> str:
+    """A node's CPUs: its cpuset (`0-7`), its quota (`0.5`), or `shared`."""
+    if machine.cpuset:
+        return machines.cpu_list(machine.cpuset)
+    if machine.quota is not None:
+        return f"{machine.quota:g} (quota)"
+    return "shared"
+
+
+def lab_table(lab: Lab, bind: str, title: str | None = None) -> Table:
+    """node, role, GPUs, CPUs, memory, SSH port, TensorBoard port: what `gen` prints."""
+    table = Table(title=title, caption=f"ports are published on {bind}")
+    for column in ("node", "role", "GPUs", "CPUs", "memory", "SSH", "TensorBoard"):
+        table.add_column(column)
+    for node in lab.nodes:
+        table.add_row(
+            node.name, role_text(lab, node), gpu_text(node), cpu_text(node.machine),
+            machines.memory_text(node.machine.memory_mib), str(node.ssh_port), str(node.tensorboard_port)
+        )
+    return table
+
+
+def machines_text(lab: Lab, host: HostFacts) -> Text:
+    """Each node as a machine: its CPUs (and their NUMA node) and memory, of the host's."""
+    text = Text(f"machines (of the host's {len(host.cpus)} CPUs and {machines.memory_text(host.memory_mib)}):\n",
+                style="bold")
+    for node in lab.nodes:
+        machine = node.machine
+        if machine.cpuset:
+            cpus = f"CPUs {machines.cpu_list(machine.cpuset)}" + (f" (NUMA {machine.numa})" if machine.numa is not None else "")
+        elif machine.quota is not None:
+            cpus = f"{machine.quota:g} CPU of time (fewer CPUs than nodes: a quota)"
+        else:
+            cpus = "the host's CPUs, shared"
+        memory = (f"{machines.memory_text(machine.memory_mib)} of memory" if machine.memory_mib is not None
+                  else "the host's memory, no limit")
+        text.append(f"  {node.name:<10} {cpus}; {memory}\n")
+    return text
+
+
+def gpu_map(lab: Lab, host_gpus: Sequence[Gpu]) -> Text | None:
+    """A picture of which host GPU belongs to which node; None for a CPU lab."""
+    if not host_gpus or not any(n.gpus for n in lab.nodes):
+        return None
+    owners: dict[int, list[int]] = {}
+    for number, node in enumerate(lab.nodes):
+        for gpu in node.gpus:
+            owners.setdefault(gpu, []).append(number)
+    picture = Text("GPU map\n", style="bold")
+    for gpu in host_gpus:
+        picture.append(f"  GPU {gpu.index:<2} ")
+        users = owners.get(gpu.index, [])
+        if not users:
+            picture.append("[ free ]", style="dim")
+        for number in users:
+            node = lab.nodes[number]
+            picture.append(f"[{node.name:^9}]", style=f"bold black on {NODE_COLOURS[number % len(NODE_COLOURS)]}")
+        if gpu.name:
+            picture.append(f"  {gpu.name}", style="dim")
+        picture.append("\n")
+    return picture
+
+
+def status_table(lab: Lab, states: Mapping[str, NodeState], bind: str, links: Links | None = None,
+                 swarm: bool = False) -> Table:
+    """node, role, GPUs, state, health, ports (and the host, on a swarm): what `status` prints."""
+    caption = ("ports are published on the swarm node each runs on (mode host)" if swarm
+               else f"ports are published on {bind}")
+    if links:
+        caption += f"; links: {links.describe()} (each node's egress)"
+    table = Table(caption=caption)
+    columns = ["node", "role", "GPUs", "state", "health", *(["host"] if swarm else []), "SSH", "TensorBoard"]
+    for column in columns:
+        table.add_column(column, no_wrap=column in ("node", "role", "state", "host"))
+    for node in lab.nodes:
+        known = states.get(node.name, NodeState("absent"))
+        colour = "green" if known.running and known.health in ("healthy", "-") else "red"
+        if known.health == "starting":
+            colour = "yellow"
+        table.add_row(
+            node.name,
+            role_text(lab, node),
+            gpu_text(node),
+            Text(known.state, style=colour),
+            Text(known.health, style=colour),
+            *([known.host or "-"] if swarm else []),
+            str(node.ssh_port),
+            str(node.tensorboard_port),
+        )
+    return table
+
+
+VERDICT_COLOURS = {"ok": "green", "served": "green", "failed": "red", "hung": "red", "timeout": "red", "oom": "red",
+                   "killed": "yellow", "shut down": "yellow", "rebooted": "yellow", "restarting": "yellow",
+                   "survived": "red", "missed": "red",
+                   "interrupted": "yellow", "stopped": "yellow"}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def run_summary(lab: Lab, rows: Mapping[str, Mapping]) -> Table:
+    """node, role, exit, duration, steps/s, verdict: the end of a run (rows as run.json keeps them)."""
+    table = Table(title="run summary")
+    for column in ("node", "role", "exit", "duration", "steps/s", "verdict"):
+        table.add_column(column)
+    for node in lab.nodes:
+        row = rows.get(node.name)
+        if row is None:
+            continue
+        verdict = row.get("verdict") or "-"
+        code = row.get("exit_code")
+        shown_code = "-" if code is None or verdict in ("served", "stopped", "interrupted") else str(code)
+        attempt = row.get("attempt") or 1
+        rate = row.get("steps_per_s")
+        table.add_row(
+            node.name,
+            role_text(lab, node),
+            shown_code,
+            _seconds(row.get("duration_s")),
+            f"{rate:.1f}" if rate else "-",
+            Text(verdict + (f" (attempt {attempt})" if attempt > 1 else ""),
+                 style=VERDICT_COLOURS.get(verdict, "yellow")),
+        )
+    return table
+
+
+def drill_table(rows: Sequence[Mapping]) -> Table:
+    """A run's drill as run.json keeps it: each fault, when it hit, what was done, what followed."""
+    table = Table(title="drill")
+    for column in ("fault", "planned", "hit", "done", "then", "while it was on"):
+        table.add_column(column)
+    for row in rows:
+        if row.get("hit_s") is None:
+            hit: str | Text = Text("never", style="yellow")
+        else:
+            hit = f"{row['hit_s']:.1f}s" + (f", step {row['hit_step']}" if row.get("hit_step") is not None else "")
+        then = []
+        if row.get("healed_s") is not None:
+            then.append(f"{row.get('healed') or 'healed'} at {row['healed_s']:.1f}s")
+        if row.get("back_s") is not None:
+            then.append(f"back at {row['back_s']:.1f}s")
+        during = ", ".join(f"{node} {a}→{b}" for node, (a, b) in sorted((row.get("during") or {}).items()))
+        table.add_row(row.get("what") or row.get("fault", "?"), str(row.get("planned", "-")), hit,
+                      row.get("error") or row.get("done") or "-", "; ".join(then) or "-", during or "-")
+    return table
+
+
+def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
+    """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s."""
+    import time
+
+    from tflab.run import history
+
+    table = Table()
+    for column in ("run", "started", "duration", "verdict", "result", "steps/s"):
+        table.add_column(column)
+    for folder, data in found:
+        state = data.get("state")
+        if state == "finished":
+            verdict = data.get("verdict") or "-"
+        elif history.is_live(data):
+            verdict = state or "running"
+        else:
+            verdict = "abandoned"
+        started = data.get("started")
+        rate = data.get("steps_per_s")
+        duration = data.get("duration_s") if state == "finished" or not started else time.time() - started
+        table.add_row(
+            getattr(folder, "name", str(folder)),
+            history.stamp(started) if started else "-",
+            _seconds(duration),
+            Text(verdict, style=VERDICT_COLOURS.get(verdict, "yellow")),
+            (data.get("result") or "-")[:70],
+            f"{rate:.1f}" if rate else "-",
+        )
+    return table

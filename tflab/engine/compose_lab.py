@@ -1,0 +1,242 @@
+"""Lab life cycle on one engine: build, up, status, down (the nodes as the lab's compose file says)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import docker
+import docker.errors
+import yaml
+from docker.models.containers import Container
+
+from tflab.engine import compose_up, local_base, node_image
+from tflab.engine.backend import NodeState
+from tflab.engine.builds import BuildResult, Progress, image_exists
+from tflab.engine.containers import (
+    lab_containers,
+    log_lines,
+    probe_links,
+    state_of,
+)
+from tflab.engine.copying import Copier, docker_target
+from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
+from tflab.engine.guardcmd import warm_up
+from tflab.errors import EngineError, UserError
+from tflab.host import buildsettings, ports, proc
+from tflab.host.fanout import parallel
+from tflab.host.labfiles import LabFiles
+from tflab.host.ports import wait_for_ssh
+from tflab.plan import links
+from tflab.render import image_files
+
+READY_TIMEOUT_S = 120.0
+
+
+def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, force: bool = False) -> BuildResult:
+    """The lab's node image, built (with the local base first, when that is missing) if needed."""
+    base = node_image.resolve_base(lf.config.base_image, lf.config.has_gpus, client)
+    if node_image.is_local_base(base) and not image_exists(client, base):
+        progress.step(f"the local base {base} is missing: building it once (mmdebstrap or debootstrap, then pip)")
+        local_base.build_base(
+            client,
+            buildsettings.parse_apt_sources(buildsettings.read_apt_sources()),
+            buildsettings.pip_settings(proc.run, os.environ),
+            progress,
+            gpu=lf.config.has_gpus,
+        )
+    elif not image_exists(client, base):
+        node_image.pull(client, base, progress)
+    base_image_ = client.images.get(base)
+    context = lf.image_context()
+    tag = lf.image_tag(base_image_.id)
+    if node_image.is_local_base(base) and carries_node_files(base_image_, context, lf):
+        # tflab's own base carries the node's files already: it is the node image, as it is.
+        if force or not image_exists(client, tag):
+            base_image_.tag(*tag.rsplit(":", 1))
+            return BuildResult(tag, base_image_.id, built=True)
+        return BuildResult(tag, base_image_.id, built=False)
+    return node_image.build_node(client, context, tag, base, progress, force=force,
+                                 proxies=buildsettings.proxy_build_args(os.environ))
+
+
+def carries_node_files(base, context: dict[str, bytes], lf: LabFiles) -> bool:
+    """Whether `base` holds exactly the lab's node files, and the lab's Dockerfile is tflab's own (unedited)."""
+    files = {name: content for name, content in context.items() if name != "Dockerfile"}
+    stock = image_files.dockerfile(lf.config).encode()
+    return (context.get("Dockerfile") == stock
+            and base.labels.get(local_base.NODE_FILES_LABEL) == image_files.files_hash(files))
+
+
+def connect_host(bind: str) -> str:
+    """Where the host reaches a published port (the wildcard binds are reached on loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind, bind)
+
+
+def check_ports_for_absent(lf: LabFiles, containers: dict) -> None:
+    """Before starting nodes that are not running, make sure their ports are free."""
+    wanted = []
+    for node in lf.lab.nodes:
+        container = containers.get(node.name)
+        if container is not None and container.status == "running":
+            continue
+        wanted += [(node.name, "SSH", node.ssh_port), (node.name, "TensorBoard", node.tensorboard_port)]
+    ports.require_free(lf.lab.topology.bind, wanted)
+
+
+def check_links(lf: LabFiles, client: docker.DockerClient, image: str) -> None:
+    """A lab with shaped links needs the kernel's qdiscs: try the node's own shaping in a throwaway container."""
+    if not lf.config.links:
+        return
+    error = probe_links(client, image, links.environment(lf.config.links), lf.project)
+    if error is not None:
+        qdisc = "netem" if "netem" in error else "tbf"
+        raise UserError(links.missing_qdisc_advice(qdisc, error))
+
+
+def up(lf: LabFiles, client: docker.DockerClient, progress: Progress) -> list[str]:
+    """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied, standbys made.
+
+    Each node, as soon as it runs, gets its copy and is waited on, while the others still start.
+    """
+    built = ensure_image(lf, client, progress)
+    lf.write_compose(built.tag)
+    lf.runs_dir.mkdir(parents=True, exist_ok=True)
+    existing = lab_containers(client, lf.project)
+    check_ports_for_absent(lf, existing)
+    if any(c.status != "running" for c in existing.values()) or len(existing) < len(lf.lab.nodes):
+        check_links(lf, client, built.tag)
+    doc = yaml.safe_load(lf.compose_path.read_text())
+    host = connect_host(lf.lab.topology.bind)
+    ports_of = {n.name: n.ssh_port for n in lf.lab.nodes}
+    copier = Copier(lf, progress)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+
+    def on_running(name: str, container) -> None:
+        copier.copy(name, docker_target(client, container))
+        if not wait_for_ssh(host, ports_of[name], deadline):
+            raise not_ready(name, (host, ports_of[name]), container)
+
+    progress.step(f"starting {len(lf.lab.nodes)} nodes")
+    try:
+        running = compose_up.start(client, doc, lf.root, lf.project, lf.compose_path, on_running)
+    finally:
+        copied = copier.finish()
+    if lf.warm:
+        # Once every node runs: their imports would only slow the others' start.
+        warm_up(DockerExecutor(client, running), list(running))
+    return copied
+
+
+def not_ready(name: str, target: tuple[str, int], container) -> EngineError:
+    """The error of a node whose sshd never answered, with the last thing it said."""
+    tail = ""
+    if container is not None:
+        logs = container.logs(tail=3).decode(errors="replace").strip()
+        tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
+    return EngineError(f"{name} did not answer SSH on {target[0]}:{target[1]} within {READY_TIMEOUT_S:.0f}s{tail}; "
+                       f"see `tflab logs {name}`")
+
+
+def wait_ready(targets: dict[str, tuple[str, int]], containers: dict, progress: Progress) -> None:
+    """Wait until every node's sshd answers on its published port, all nodes at once."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    progress.step(f"waiting for {len(targets)} sshd(s)")
+    names = list(targets)
+    ready = dict(zip(names, parallel(lambda name: wait_for_ssh(*targets[name], deadline), names, name="ssh")))
+    for name, ok in ready.items():
+        if not ok:
+            raise not_ready(name, targets[name], containers.get(name))
+
+
+def status(lf: LabFiles, client: docker.DockerClient) -> dict[str, NodeState]:
+    """Every node the engine has, by node name."""
+    return {name: NodeState(*state_of(c)) for name, c in lab_containers(client, lf.project).items()}
+
+
+def down(project: str, client: docker.DockerClient) -> tuple[int, int]:
+    """Remove every container and network labelled with the lab's project; (containers, networks)."""
+    label = {"label": f"tflab.lab={project}"}
+    try:
+        containers = client.containers.list(all=True, filters=label)
+        parallel(_remove, containers, name="remove")
+        networks = client.networks.list(filters=label)
+        for network in networks:
+            try:
+                network.remove()
+            except docker.errors.APIError as exc:
+                if "not found" not in str(exc.explanation or exc).lower():
+                    raise  # gone meanwhile is fine (a swarm removes its own)
+    except docker.errors.APIError as exc:
+        raise EngineError(f"removing the lab {project} failed: {exc.explanation or exc}; "
+                          "run `tflab down` again, or `docker rm -f` what `tflab status` lists") from exc
+    return len(containers), len(networks)
+
+
+def _remove(container) -> None:
+    try:
+        container.remove(force=True, v=True)
+    except docker.errors.APIError as exc:
+        if "no such container" not in str(exc.explanation or exc).lower() and not isinstance(exc, docker.errors.NotFound):
+            raise
+
+
+def require_running(found: dict[str, Container], names: list[str]) -> dict[str, Container]:
+    """The running containers of `names`, or a UserError naming the first that is not."""
+    for name in names:
+        container = found.get(name)
+        if container is None:
+            raise UserError(f"node {name} is not up; run `tflab up` first")
+        if container.status != "running":
+            raise UserError(f"node {name} is {container.status}, not running; `tflab up` starts it again")
+    return {name: found[name] for name in names}
+
+
+def interactive_exec(container: Container, argv: list[str]) -> list[str]:
+    """`docker exec -it` of `argv` in a container, from /workspace."""
+    return ["docker", "exec", "-it", "-w", "/workspace", container.id, *argv]
+
+
+class ComposeLab:
+    """A lab on this host's engine, as its compose file describes it (a `LabBackend`)."""
+
+    def __init__(self, lf: LabFiles, client: docker.DockerClient) -> None:
+        self.lf = lf
+        self.client = client
+
+    def up(self, progress: Progress) -> list[str]:
+        return up(self.lf, self.client, progress)
+
+    def down(self) -> tuple[int, int]:
+        return down(self.lf.project, self.client)
+
+    def status(self) -> dict[str, NodeState]:
+        return status(self.lf, self.client)
+
+    def ssh_targets(self) -> dict[str, tuple[str, int]]:
+        """Where each node's SSH is published (host, port)."""
+        host = connect_host(self.lf.lab.topology.bind)
+        return {n.name: (host, n.ssh_port) for n in self.lf.lab.nodes}
+
+    def executor(self, names: list[str], via: str = "docker") -> Executor:
+        """How to reach these nodes (all must be running)."""
+        containers = require_running(lab_containers(self.client, self.lf.project), names)
+        if via == "ssh":
+            targets = self.ssh_targets()
+            return SshExecutor({name: targets[name] for name in names}, str(self.lf.private_key))
+        return DockerExecutor(self.client, containers)
+
+    def interactive(self, node: str, argv: list[str], via: str = "docker") -> list[str]:
+        container = require_running(lab_containers(self.client, self.lf.project), [node])[node]
+        if via == "ssh":
+            return ssh_argv(self.ssh_targets()[node], self.lf.private_key, ["-t"], argv)
+        return interactive_exec(container, argv)
+
+    def logs(self, names: list[str], follow: bool, tail: str) -> Iterator[tuple[str, str]]:
+        """(node, line) of the nodes' logs, as compose shows them."""
+        found = lab_containers(self.client, self.lf.project)
+        missing = [name for name in names if name not in found]
+        if not names or missing:
+            raise UserError(f"node {missing[0] if missing else 'of the lab'} is not up; run `tflab up` first")
+        return log_lines({name: found[name] for name in names}, follow, tail)

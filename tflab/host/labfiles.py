@@ -1,0 +1,211 @@
+"""The lab folder: written whole by `gen` (or not at all), read by every other command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tflab.errors import UserError
+from tflab.plan import config as cfg
+from tflab.plan import machines
+from tflab.plan.config import LAB_FILE, LabConfig, Task, tasks_from_text
+from tflab.plan.topology import Lab, plan
+from tflab.render import image_files, templates
+
+STATE_DIR = ".tflab"  # tflab's own bookkeeping in a lab: locks, detached runs' logs
+
+
+@dataclass(frozen=True)
+class LabFiles:
+    """A lab folder with its config and plan."""
+
+    root: Path
+    config: LabConfig
+    lab: Lab
+
+    @property
+    def project(self) -> str:
+        """The compose project (or stack) name, and the `tflab.lab` label of everything it makes."""
+        return templates.project_name(self.config.name, self.root)
+
+    @property
+    def compose_path(self) -> Path:
+        """The compose file."""
+        return self.root / cfg.COMPOSE_FILE
+
+    @property
+    def stack_path(self) -> Path:
+        """The stack file of a swarm lab."""
+        return self.root / cfg.STACK_FILE
+
+    @property
+    def image_dir(self) -> Path:
+        """The node image's build context."""
+        return self.root / cfg.IMAGE_DIR
+
+    @property
+    def keys_dir(self) -> Path:
+        """The lab key pair's folder."""
+        return self.root / cfg.KEYS_DIR
+
+    @property
+    def private_key(self) -> Path:
+        """The lab's private key (mode 0600)."""
+        return self.keys_dir / cfg.PRIVATE_KEY
+
+    @property
+    def runs_dir(self) -> Path:
+        """The host folder every node sees at /runs."""
+        return self.resolve(self.config.runs)
+
+    @property
+    def state_dir(self) -> Path:
+        """tflab's bookkeeping in the lab: copy stamps, locks, detached runs' logs (made by `state_file`)."""
+        return self.root / STATE_DIR
+
+    def state_file(self, name: str) -> Path:
+        """A file of tflab's bookkeeping in the lab, its folder made."""
+        self.state_dir.mkdir(exist_ok=True)
+        return self.state_dir / name
+
+    @property
+    def warm_off(self) -> str | None:
+        """Why the nodes keep no warm interpreter though tflab.yaml asks for one (their memory), or None."""
+        if not self.config.warm:
+            return None
+        return next((why for why in map(machines.warm_fits, (n.machine for n in self.lab.nodes)) if why), None)
+
+    @property
+    def warm(self) -> bool:
+        """Whether each node keeps a TensorFlow interpreter ready: asked for, and it fits the node."""
+        return self.config.warm and self.warm_off is None
+
+    def resolve(self, path: str) -> Path:
+        """A path of tflab.yaml, relative to the lab folder."""
+        return (self.root / path).resolve()
+
+    def image_context(self) -> dict[str, bytes]:
+        """The build context as the lab holds it now (the user may have edited it), with this tflab's guard.
+
+        The guard is tflab's side of the node, not the lab's: it must speak what this tflab
+        speaks, so a lab made by an older tflab gets the current one (written into image/ too).
+        """
+        if not self.image_dir.is_dir():
+            raise UserError(f"{self.image_dir} is missing; run `tflab gen --force` to write it again")
+        context = {p.name: p.read_bytes() for p in sorted(self.image_dir.iterdir()) if p.is_file()}
+        guard = image_files.guard_zipapp()
+        if context.get(image_files.GUARD_FILE) != guard:
+            path = self.image_dir / image_files.GUARD_FILE
+            path.write_bytes(guard)
+            path.chmod(0o755)
+            context[image_files.GUARD_FILE] = guard
+        return context
+
+    def image_tag(self, base_id: str = "") -> str:
+        """The node image's tag, a hash of its build context and its base image's id."""
+        return image_files.image_tag(self.image_context(), base_id)
+
+    def write_compose(self, image: str) -> bool:
+        """Write the compose file again from tflab.yaml, naming `image`; True when it changed."""
+        text = templates.compose_file(self.lab, self.config, self.root, image)
+        if self.compose_path.is_file() and self.compose_path.read_text() == text:
+            return False
+        self.compose_path.write_text(text)
+        return True
+
+
+def open_lab(root: Path) -> LabFiles:
+    """The lab in `root` (its tflab.yaml read and planned)."""
+    root = root.resolve()
+    config = load(root)
+    try:
+        lab = plan(config.topology, config.gpus, config.host)
+    except UserError as exc:
+        raise UserError(f"{root / cfg.LAB_FILE}: {exc}") from None
+    return LabFiles(root=root, config=config, lab=lab)
+
+
+def check_paths(config: LabConfig, root: Path, scaffold: dict[str, dict[str, bytes]]) -> None:
+    """Code and data folders exist (or are about to be written) and hold none of the lab's own files."""
+    for flag, path in (("--code", config.code), ("--data", config.data)):
+        if path is None or path in scaffold:
+            continue
+        folder = (root / path).resolve()
+        if not folder.is_dir():
+            raise UserError(f"{flag} {path}: no such folder (relative paths are from the lab folder {root})")
+        if folder == root:
+            raise UserError(f"{flag} {path} is the lab folder itself; point it at a folder of its own")
+
+
+def write_lab(config: LabConfig, root: Path, force: bool,
+              scaffold: dict[str, dict[str, bytes]] | None = None) -> LabFiles:
+    """Write a whole lab into `root`: everything is rendered before the first file is written.
+
+    `scaffold` holds folders to create in the lab (the bundled examples as `code`, their
+    data as `data`), by folder and relative path; a folder that exists already is the
+    user's and is left as it is.
+    """
+    root = root.resolve()
+    scaffold = scaffold or {}
+    if (root / cfg.LAB_FILE).exists() and not force:
+        raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
+    check_paths(config, root, scaffold)
+    lab = plan(config.topology, config.gpus, config.host)
+    lab_yaml = cfg.to_yaml(config)
+    context = image_files.image_context(config)
+    compose = templates.compose_file(lab, config, root, image_files.image_tag(context))
+    from tflab.host import keys  # cryptography: only gen needs it
+
+    pair = keys.new_key_pair(f"tflab-{config.name}")
+
+    root.mkdir(parents=True, exist_ok=True)
+    for folder, files in scaffold.items():
+        target = root / folder
+        if target.exists():
+            continue
+        for relative, content in files.items():
+            path = target / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+    image_dir = root / cfg.IMAGE_DIR
+    if image_dir.exists():
+        shutil.rmtree(image_dir)
+    image_dir.mkdir()
+    for name, content in context.items():
+        (image_dir / name).write_bytes(content)
+        if name.endswith((".sh", ".py", ".pyz")):
+            os.chmod(image_dir / name, 0o755)
+    keys_dir = root / cfg.KEYS_DIR
+    keys_dir.mkdir(exist_ok=True)
+    private = keys_dir / cfg.PRIVATE_KEY
+    private.unlink(missing_ok=True)
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(pair.private)
+    (keys_dir / cfg.PUBLIC_KEY).write_text(pair.public)
+    (root / cfg.COMPOSE_FILE).write_text(compose)
+    # tflab.yaml last: a lab folder without it is not a lab, so an interrupted gen is no lab.
+    (root / cfg.LAB_FILE).write_text(lab_yaml)
+    return LabFiles(root=root, config=config, lab=lab)
+
+
+def load(lab_dir: Path) -> LabConfig:
+    """The lab in `lab_dir`, or a UserError saying there is none."""
+    path = lab_dir / LAB_FILE
+    if not path.is_file():
+        raise UserError(f"no lab in {lab_dir} (no {LAB_FILE}); run `tflab gen` first or pass --lab DIR")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from exc
+    return cfg.from_yaml(text, str(path))
+
+
+def code_tasks(code_dir: Path) -> dict[str, Task]:
+    """Tasks a code folder brings in its own tflab.yaml (the examples do)."""
+    path = code_dir / LAB_FILE
+    if not path.is_file():
+        return {}
+    return tasks_from_text(path.read_text(), str(path))

@@ -1,0 +1,473 @@
+"""tflab.yaml: the lab's single source of truth, read (strictly) and written here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+
+from tflab.errors import UserError
+from tflab.plan import links as link_rules
+from tflab.plan import machines, progress
+from tflab.plan.gpus import Gpu
+from tflab.plan.links import Links
+from tflab.plan.machines import HostFacts
+from tflab.plan.topology import (
+    LOOPBACK,
+    SSH_PORT_BASE,
+    TENSORBOARD_PORT_BASE,
+    Topology,
+)
+
+LAB_FILE = "tflab.yaml"
+COMPOSE_FILE = "docker-compose.yml"
+STACK_FILE = "docker-stack.yml"
+IMAGE_DIR = "image"
+KEYS_DIR = "keys"
+PRIVATE_KEY = "id_ed25519"  # the lab key pair's file names in KEYS_DIR
+PUBLIC_KEY = "id_ed25519.pub"
+CODE_DIR = "code"
+DATA_DIR = "data"
+DEFAULT_RUNS = "runs"
+PLACEHOLDERS = ("node", "job_name", "task_index", "ps_hosts", "worker_hosts", "num_gpus", "run_dir")
+ROLES = ("ps", "worker", "chief", "evaluator")
+DEFAULT_SERVERS = ("ps",)
+TARGETS = ("compose", "swarm")
+AUTO_BASE = "auto"
+OFFICIAL_BASE = "tensorflow/tensorflow:2.18.0"
+OFFICIAL_GPU_BASE = "tensorflow/tensorflow:2.18.0-gpu"
+LOCAL_BASE = "tflab-base:cpu"
+LOCAL_GPU_BASE = "tflab-base:gpu"
+
+
+def official_base(has_gpus: bool) -> str:
+    """The official TensorFlow image for a lab (its GPU variant when the lab has GPUs)."""
+    return OFFICIAL_GPU_BASE if has_gpus else OFFICIAL_BASE
+
+
+def local_base(has_gpus: bool) -> str:
+    """The base `tflab base` builds for a lab (`--gpu` when the lab has GPUs)."""
+    return LOCAL_GPU_BASE if has_gpus else LOCAL_BASE
+
+
+def base_name(choice: str, has_gpus: bool) -> str:
+    """The image `image.base` names: `official` and `local` by their names, `auto` as the official one
+    (what a Dockerfile built by hand gets; `up` decides `auto` against the registry), else itself."""
+    if choice in (AUTO_BASE, "official"):
+        return official_base(has_gpus)
+    if choice == "local":
+        return local_base(has_gpus)
+    return choice
+
+
+TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def check_task_name(name: str, source: str = "task") -> str:
+    """A task name is a word: letters, digits, `_`, `.`, `-`, not starting with `.`."""
+    if not isinstance(name, str) or not TASK_NAME.match(name) or len(name) > 64:
+        raise UserError(
+            f"{source} name {name!r} is not a word: use letters, digits, _, . and - "
+            "(not starting with .), at most 64 characters"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Task:
+    """A named command of tflab.yaml, and the roles that only serve while it runs."""
+
+    name: str
+    command: str
+    servers: tuple[str, ...] = DEFAULT_SERVERS
+    # Start the workers' Python and TensorFlow while the servers start (the guard's preload).
+    preload: bool = True
+    # How the program says its step, where tflab's own reading does not know its lines (a regex
+    # with a named group `step` or `rate`).
+    progress: str | None = None
+
+
+@dataclass(frozen=True)
+class SwarmSettings:
+    """Where a swarm lab's nodes run and where its image is pushed."""
+
+    place: dict[str, str] = field(default_factory=dict)  # node -> swarm node label tflab.host
+    registry: str | None = None
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Everything tflab.yaml holds."""
+
+    name: str
+    topology: Topology
+    gpus: tuple[Gpu, ...] = ()
+    host: HostFacts = HostFacts()  # the host's CPUs and memory, as the split saw them at gen
+    base_image: str = AUTO_BASE
+    code: str | None = None
+    data: str | None = None
+    data_mode: str = "copy"  # copy | mount
+    runs: str = DEFAULT_RUNS
+    shm_size: str = "2g"
+    memlock: int | None = None  # bytes of locked memory a node may use; -1 unlimited; None: the engine's
+    tasks: dict[str, Task] = field(default_factory=dict)
+    target: str = "compose"  # compose | swarm
+    # One TensorFlow interpreter kept ready in each node (made at `up` and after each run),
+    # so a run's processes do not pay the import; about 0.5 GB of memory per node.
+    warm: bool = True
+    links: Links = Links()
+    swarm: SwarmSettings = SwarmSettings()
+    # Nodes may be slowed or cut off on purpose (`tflab fault`, drills): they get NET_ADMIN.
+    faults: bool = False
+
+    @property
+    def net_admin(self) -> bool:
+        """Whether the nodes get NET_ADMIN: shaped links, or faults on purpose."""
+        return bool(self.links) or self.faults
+
+    def task(self, name: str) -> Task:
+        """The task called `name`, or a UserError naming the tasks there are."""
+        check_task_name(name)
+        if name not in self.tasks:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise UserError(f"no task {name!r} in {LAB_FILE}; its tasks are: {known}")
+        return self.tasks[name]
+
+    @property
+    def has_gpus(self) -> bool:
+        """Whether the lab's nodes own GPUs."""
+        return self.topology.gpus_per_node > 0
+
+
+def fill_placeholders(command: str, values: dict[str, str]) -> str:
+    """Put a node's values in `{node}`-style placeholders; other braces are left alone."""
+    pattern = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+    return pattern.sub(lambda m: values[m.group(1)], command)
+
+
+# -- strict reading ----------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads one document strictly: unknown keys and wrongly typed values name their key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> UserError:
+        return UserError(f"{self.source}: {key} {message}")
+
+    def mapping(self, value: Any, key: str, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, not {_shown(value)}")
+        for name in value:
+            if not isinstance(name, str):
+                raise self.fail(key, f"has a key that is not a word: {name!r}")
+            if allowed is not None and name not in allowed:
+                hint = _closest(name, allowed)
+                raise self.fail(
+                    f"{key}.{name}" if key != "(top level)" else name,
+                    f"is not a key tflab knows{hint}; the keys here are: {', '.join(allowed)}",
+                )
+        return value
+
+    def integer(self, doc: dict, key: str, where: str, default: int | None,
+                minimum: int | None = None, maximum: int | None = None) -> int | None:
+        value = doc.get(key, default)
+        name = f"{where}.{key}" if where else key
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(name, f"must be a whole number, not {_shown(value)}")
+        if minimum is not None and value < minimum:
+            raise self.fail(name, f"must be at least {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(name, f"must be at most {maximum}, not {value}")
+        return value
+
+    def boolean(self, doc: dict, key: str, where: str, default: bool) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{where}.{key}" if where else key, f"must be true or false, not {_shown(value)}")
+        return value
+
+    def string(self, doc: dict, key: str, where: str, default: str | None,
+               choices: tuple[str, ...] | None = None) -> str | None:
+        value = doc.get(key, default)
+        name = f"{where}.{key}" if where else key
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(name, f"must be a text, not {_shown(value)}")
+        if choices is not None and value not in choices:
+            raise self.fail(name, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, (dict, list)) else f"a {type(value).__name__}"
+
+
+def _closest(name: str, allowed: tuple[str, ...]) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(name, allowed, n=1)
+    return f" (did you mean {match[0]}?)" if match else ""
+
+
+TOP_KEYS = ("name", "target", "topology", "gpus", "host", "ports", "image", "links", "faults", "swarm", "code",
+            "data", "data_mode", "runs", "warm", "tasks")
+TOPOLOGY_KEYS = ("nodes", "ps", "chief", "evaluator", "gpus_per_node", "share_gpus", "cpus_per_node",
+                 "memory_per_node")
+HOST_KEYS = ("cpus", "numa", "gpu_numa", "memory_mib")
+GPU_KEYS = ("index", "uuid", "name", "memory_mib")
+PORT_KEYS = ("ssh_base", "tensorboard_base", "bind")
+IMAGE_KEYS = ("base", "shm_size", "memlock")
+LINK_KEYS = ("rate", "delay_ms")
+SWARM_KEYS = ("place", "registry")
+TASK_KEYS = ("command", "servers", "preload", "progress")
+
+
+def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
+    """Tasks as tflab.yaml writes them: `name: command` or `name: {command:, servers:, preload:}`."""
+    read = _Reader(source)
+    tasks: dict[str, Task] = {}
+    for name, spec in read.mapping(raw, "tasks").items():
+        check_task_name(name, f"{source}: task")
+        where = f"tasks.{name}"
+        if isinstance(spec, str):
+            if not spec.strip():
+                raise read.fail(where, "needs a command")
+            tasks[name] = Task(name, spec)
+            continue
+        if not isinstance(spec, dict):
+            raise read.fail(where, f"needs a command (a text, or a mapping with `command`), not {_shown(spec)}")
+        spec = read.mapping(spec, where, TASK_KEYS)
+        command = read.string(spec, "command", where, None)
+        if command is None:
+            raise read.fail(where, "needs a command")
+        servers = spec.get("servers", list(DEFAULT_SERVERS))
+        if not isinstance(servers, list) or not all(isinstance(s, str) and s in ROLES for s in servers):
+            raise read.fail(f"{where}.servers", f"lists roles ({', '.join(ROLES)}), not {servers!r}")
+        preload = read.boolean(spec, "preload", where, True)
+        pattern = read.string(spec, "progress", where, None)
+        if pattern is not None:
+            try:
+                progress.check_pattern(pattern)
+            except ValueError as exc:
+                raise read.fail(f"{where}.progress", str(exc)) from None
+        tasks[name] = Task(name, command, tuple(servers), preload, pattern)
+    return tasks
+
+
+def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
+    """Tasks back into their tflab.yaml form (the short form when it says everything)."""
+    out: dict[str, Any] = {}
+    for name, task in tasks.items():
+        if task.servers == DEFAULT_SERVERS and task.preload and task.progress is None:
+            out[name] = task.command
+        else:
+            spec: dict[str, Any] = {"command": task.command}
+            if task.servers != DEFAULT_SERVERS:
+                spec["servers"] = list(task.servers)
+            if not task.preload:
+                spec["preload"] = False
+            if task.progress is not None:
+                spec["progress"] = task.progress
+            out[name] = spec
+    return out
+
+
+def to_yaml(config: LabConfig) -> str:
+    """tflab.yaml's text for `config`."""
+    t = config.topology
+    doc: dict[str, Any] = {
+        "name": config.name,
+        "target": config.target,
+        "topology": {
+            "nodes": t.nodes,
+            "ps": t.ps_count,
+            "chief": t.chief,
+            "evaluator": t.evaluator,
+            "gpus_per_node": t.gpus_per_node,
+            "share_gpus": t.share_gpus,
+            "cpus_per_node": t.cpus_per_node,
+            "memory_per_node": t.memory_per_node,
+        },
+        "gpus": [
+            {k: v for k, v in (("index", g.index), ("name", g.name), ("memory_mib", g.memory_mib)) if v or k == "index"}
+            for g in config.gpus
+        ],
+        "host": host_to_yaml(config.host),
+        "ports": {
+            "ssh_base": t.ssh_port_base,
+            "tensorboard_base": t.tensorboard_port_base,
+            "bind": t.bind,
+        },
+        "image": {"base": config.base_image, "shm_size": config.shm_size, "memlock": config.memlock},
+        "links": {"rate": config.links.rate, "delay_ms": config.links.delay_ms},
+        "faults": config.faults,
+        "code": config.code,
+        "data": config.data,
+        "data_mode": config.data_mode,
+        "runs": config.runs,
+        "warm": config.warm,
+        "tasks": dump_tasks(config.tasks),
+    }
+    if config.target == "swarm":
+        doc["swarm"] = {"place": dict(config.swarm.place), "registry": config.swarm.registry}
+    header = (
+        "# tflab lab: edit it, then run `tflab up` again.\n"
+        "# Task placeholders: " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + "\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False, width=1000)
+
+
+def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
+    """Read tflab.yaml's text; anything malformed is a UserError naming its key."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    read = _Reader(source)
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise UserError(f"{source} must be a mapping of keys ({', '.join(TOP_KEYS)})")
+    doc = read.mapping(doc, "(top level)", TOP_KEYS)
+    topo = read.mapping(doc.get("topology"), "topology", TOPOLOGY_KEYS)
+    ports = read.mapping(doc.get("ports"), "ports", PORT_KEYS)
+    image = read.mapping(doc.get("image"), "image", IMAGE_KEYS)
+    link = read.mapping(doc.get("links"), "links", LINK_KEYS)
+    swarm = read.mapping(doc.get("swarm"), "swarm", SWARM_KEYS)
+
+    topology = Topology(
+        nodes=read.integer(topo, "nodes", "topology", 1, minimum=1, maximum=4096),
+        ps=read.integer(topo, "ps", "topology", None, minimum=0),
+        chief=read.boolean(topo, "chief", "topology", False),
+        evaluator=read.boolean(topo, "evaluator", "topology", False),
+        gpus_per_node=read.integer(topo, "gpus_per_node", "topology", 0, minimum=0),
+        share_gpus=read.boolean(topo, "share_gpus", "topology", False),
+        ssh_port_base=read.integer(ports, "ssh_base", "ports", SSH_PORT_BASE, minimum=1, maximum=65535),
+        tensorboard_port_base=read.integer(ports, "tensorboard_base", "ports", TENSORBOARD_PORT_BASE,
+                                           minimum=1, maximum=65535),
+        bind=read.string(ports, "bind", "ports", LOOPBACK),
+        cpus_per_node=_choice(read, topo, "cpus_per_node", machines.check_cpu_choice),
+        memory_per_node=_choice(read, topo, "memory_per_node", machines.check_memory_choice),
+    )
+    gpus = doc.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise read.fail("gpus", f"must be a list, not {_shown(gpus)}")
+    parsed_gpus = []
+    for number, raw in enumerate(gpus):
+        where = f"gpus[{number}]"
+        entry = read.mapping(raw, where, GPU_KEYS)
+        index = read.integer(entry, "index", where, None, minimum=0)
+        if index is None:
+            raise read.fail(f"{where}.index", "is missing")
+        parsed_gpus.append(Gpu(
+            index=index,
+            uuid=read.string(entry, "uuid", where, None) or "",
+            name=read.string(entry, "name", where, None) or "",
+            memory_mib=read.integer(entry, "memory_mib", where, 0, minimum=0) or 0,
+        ))
+    rate = read.string(link, "rate", "links", None)
+    delay = link.get("delay_ms")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))):
+        raise read.fail("links.delay_ms", f"must be a number of milliseconds, not {_shown(delay)}")
+    try:
+        links = Links(
+            rate=link_rules.parse_rate(rate, "links.rate") if rate else None,
+            delay_ms=link_rules.parse_delay(delay, "links.delay_ms") if delay is not None else None,
+        )
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
+    place = read.mapping(swarm.get("place"), "swarm.place")
+    for node, host in place.items():
+        if not isinstance(host, str) or not host:
+            raise read.fail(f"swarm.place.{node}", f"must name a host, not {_shown(host)}")
+    for key in ("code", "data", "runs"):
+        read.string(doc, key, "", None)
+    return LabConfig(
+        name=read.string(doc, "name", "", "lab") or "lab",
+        target=read.string(doc, "target", "", "compose", choices=TARGETS) or "compose",
+        topology=topology,
+        gpus=tuple(parsed_gpus),
+        host=host_from_yaml(read, doc.get("host")),
+        base_image=read.string(image, "base", "image", AUTO_BASE) or AUTO_BASE,
+        code=doc.get("code"),
+        data=doc.get("data"),
+        data_mode=read.string(doc, "data_mode", "", "copy", choices=("copy", "mount")) or "copy",
+        runs=doc.get("runs") or DEFAULT_RUNS,
+        shm_size=read.string(image, "shm_size", "image", "2g") or "2g",
+        memlock=read.integer(image, "memlock", "image", None, minimum=-1),
+        tasks=parse_tasks(doc.get("tasks"), source),
+        links=links,
+        swarm=SwarmSettings(place=dict(place), registry=read.string(swarm, "registry", "swarm", None)),
+        warm=read.boolean(doc, "warm", "", True),
+        faults=read.boolean(doc, "faults", "", False),
+    )
+
+
+
+def host_to_yaml(host: HostFacts) -> dict[str, Any]:
+    """The host's facts as tflab.yaml keeps them (CPU lists as the kernel writes them)."""
+    return {
+        "cpus": machines.cpu_list(host.cpus),
+        "numa": {str(node): machines.cpu_list(cpus) for node, cpus in sorted(host.numa_cpus.items())},
+        "gpu_numa": {str(gpu): node for gpu, node in sorted(host.gpu_numa.items())},
+        "memory_mib": host.memory_mib,
+    }
+
+
+def host_from_yaml(read: _Reader, raw: Any) -> HostFacts:
+    """`host:` of tflab.yaml (absent in labs made before the split: nothing to split then)."""
+    host = read.mapping(raw, "host", HOST_KEYS)
+
+    def cpus_of(value: Any, where: str) -> tuple[int, ...]:
+        if value in (None, ""):
+            return ()
+        try:
+            return machines.parse_cpu_list(str(value))
+        except ValueError:
+            raise read.fail(where, f"must be a CPU list such as 0-7,16-23, not {_shown(value)}") from None
+
+    numa, gpu_numa = {}, {}
+    for key, value in read.mapping(host.get("numa"), "host.numa").items():
+        if not str(key).isdigit():
+            raise read.fail(f"host.numa.{key}", "must be a NUMA node number")
+        numa[int(key)] = cpus_of(value, f"host.numa.{key}")
+    for key, value in read.mapping(host.get("gpu_numa"), "host.gpu_numa").items():
+        if not str(key).isdigit() or isinstance(value, bool) or not isinstance(value, int):
+            raise read.fail(f"host.gpu_numa.{key}", "maps a GPU index to its NUMA node number")
+        gpu_numa[int(key)] = value
+    return HostFacts(cpus=cpus_of(host.get("cpus"), "host.cpus"), numa_cpus=numa, gpu_numa=gpu_numa,
+                     memory_mib=read.integer(host, "memory_mib", "host", 0, minimum=0) or 0)
+
+
+def _choice(read: _Reader, topo: dict, key: str, check) -> str:
+    value = topo.get(key, machines.AUTO)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise read.fail(f"topology.{key}", f"must be auto, 0 or a number, not {_shown(value)}")
+    try:
+        return check(str(value), f"topology.{key}")
+    except UserError as exc:
+        raise UserError(f"{read.source}: {exc}") from None
+
+
+def tasks_from_text(text: str, source: str) -> dict[str, Task]:
+    """The `tasks` of a code folder's tflab.yaml text (its other keys are not a lab's)."""
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    return parse_tasks(doc.get("tasks") if isinstance(doc, dict) else None, source)
+
+
+def with_tasks(config: LabConfig, tasks: dict[str, Task]) -> LabConfig:
+    """`config` with `tasks` added (existing names win)."""
+    return replace(config, tasks={**tasks, **config.tasks})

@@ -1,0 +1,75 @@
+"""The node image's build context: the Dockerfile, the node's own files, and the guard as one zipapp.
+
+The guard is a package (images/node/tflab_guard); a node gets it as one file, guard.pyz,
+made here byte for byte the same from the same sources (fixed times, stored, sorted), so the
+image tag, a hash of the context, changes only when a file does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+
+from tflab import resources
+from tflab.plan import config as cfg
+from tflab.plan.config import LabConfig
+from tflab.render.templates import render
+
+GUARD_PACKAGE = "tflab_guard"
+GUARD_FILE = "guard.pyz"
+GUARD_MAIN = b"import sys\n\nfrom tflab_guard.cli import main\n\nsys.exit(main())\n"
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def default_base(config: LabConfig) -> str:
+    """The Dockerfile's default base (tflab passes the resolved one as a build argument)."""
+    return cfg.base_name(config.base_image, config.has_gpus)
+
+
+def dockerfile(config: LabConfig) -> str:
+    """The node Dockerfile's text."""
+    return render("Dockerfile.j2", base_image=default_base(config))
+
+
+def guard_zipapp() -> bytes:
+    """The in-node guard package as one runnable file (`python3 guard.pyz VERB ...`)."""
+    package = resources.path(resources.NODE_IMAGE) / GUARD_PACKAGE
+    entries = [("__main__.py", GUARD_MAIN)]
+    entries += [(f"{GUARD_PACKAGE}/{path.name}", path.read_bytes()) for path in sorted(package.glob("*.py"))]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, date_time=ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return b"#!/usr/bin/env python3\n" + buffer.getvalue()
+
+
+def node_files() -> dict[str, bytes]:
+    """The node's own files as this tflab ships them (entrypoint, sshd's config, link shaping, the guard)."""
+    folder = resources.path(resources.NODE_IMAGE)
+    files = {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.is_file()}
+    files[GUARD_FILE] = guard_zipapp()
+    return dict(sorted(files.items()))
+
+
+def image_context(config: LabConfig) -> dict[str, bytes]:
+    """Every file of the node image's build context, by name."""
+    return {"Dockerfile": dockerfile(config).encode(), **node_files()}
+
+
+def image_tag(context: dict[str, bytes], base_id: str = "") -> str:
+    """The node image's tag: a hash of everything it is built from (its base image's id too)."""
+    digest = hashlib.sha256(base_id.encode() + b"\0")
+    for name in sorted(context):
+        digest.update(name.encode() + b"\0" + context[name] + b"\0")
+    return f"tflab-node:{digest.hexdigest()[:16]}"
+
+
+def files_hash(files: dict[str, bytes]) -> str:
+    """A short hash of node files (a base built with them is a node image already)."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name] + b"\0")
+    return digest.hexdigest()[:16]

@@ -1,0 +1,97 @@
+"""A run's cluster, watched: each node's figures written as TensorBoard scalars beside the model's own curves.
+
+While `tflab run TASK` runs (in the foreground or detached), every second or two each node's
+CPU, memory, network, GPUs and steps/s are written under `runs/TASK/cluster/NODE/` (one
+TensorBoard run per node, so `tflab tensorboard` shows them side by side, and beside the loss).
+The x-axis is the second of the run. The series also tell, at the end, whether the host rather
+than the lab's design set the pace (`bottleneck`).
+
+Written with tensorboardX, which needs no TensorFlow on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from tflab.engine.executors import Executor
+from tflab.engine.metrics import ClusterSampler, Snapshot
+from tflab.plan.topology import Lab
+from tflab.run import bottleneck
+from tflab.run.machine import RunMachine
+
+log = logging.getLogger("tflab.cluster")
+CLUSTER_DIR = "cluster"
+RATE_WINDOW_S = 10.0
+
+
+class ClusterWatch:
+    """Samples the lab's nodes during a run; writes their scalars; keeps the series for the summary."""
+
+    def __init__(self, executor: Executor, lab: Lab, folder: Path, machine: RunMachine, host_cpus: int,
+                 every_s: float = 1.0, board: bool = True) -> None:
+        self.lab = lab
+        self.folder = folder / CLUSTER_DIR
+        self.machine = machine
+        self.host_cpus = host_cpus
+        self.board = board
+        self.series = bottleneck.Series()
+        self.writers: dict[str, Any] = {}
+        self.began: float | None = None
+        self.lock = threading.Lock()
+        self.sampler = ClusterSampler(executor, lab.names, host_cpus, {n.name: n.gpus for n in lab.nodes},
+                                      every_s=every_s, on_snapshot=self._snapshot)
+
+    def start(self) -> ClusterWatch:
+        self.sampler.start()
+        return self
+
+    def _writer(self, node: str) -> Any:
+        writer = self.writers.get(node)
+        if writer is None:
+            from tensorboardX import SummaryWriter  # only runs import it
+
+            writer = self.writers[node] = SummaryWriter(logdir=str(self.folder / node), flush_secs=2)
+        return writer
+
+    def _snapshot(self, snap: Snapshot) -> None:
+        with self.lock:
+            self.began = self.began or snap.t
+            self.series.add(snap.host_busy, list(snap.nodes.values()))
+            if not self.board:
+                return
+            second = int(round(snap.t - self.began))
+            for name, figures in snap.nodes.items():
+                writer = self._writer(name)
+                scalars = {
+                    "cluster/cpu_used": figures.cpu_used, "cluster/cpu_share": figures.cpu_share,
+                    "cluster/cpu_throttled": figures.throttled, "cluster/memory_mb": figures.memory_mb,
+                    "cluster/memory_share": figures.memory_share, "cluster/net_rx_mbit": figures.rx_mbit,
+                    "cluster/net_tx_mbit": figures.tx_mbit,
+                }
+                for gpu in figures.gpus:
+                    scalars[f"cluster/gpu{gpu.index}_util"] = gpu.util
+                    scalars[f"cluster/gpu{gpu.index}_memory_mb"] = gpu.memory_mb
+                node = self.machine.nodes.get(name)
+                if node is not None and name in self.machine.plan.finishers:
+                    rate = node.rate(RATE_WINDOW_S) if node.running else None
+                    scalars["cluster/steps_per_s"] = rate if rate is not None else 0.0
+                for tag, value in scalars.items():
+                    if value is not None:
+                        writer.add_scalar(tag, value, global_step=second, walltime=snap.t)
+            if snap.host_busy is not None:
+                self._writer("host").add_scalar("cluster/host_cpu_busy", snap.host_busy, global_step=second,
+                                                walltime=snap.t)
+
+    def stop(self) -> str | None:
+        """Stop sampling, write everything out; the summary's note when the host set the pace."""
+        self.sampler.close()
+        with self.lock:
+            for writer in self.writers.values():
+                try:
+                    writer.close()
+                except OSError as exc:
+                    log.debug("closing a cluster writer: %s", exc)
+            return bottleneck.note(bottleneck.limits_reached(self.series, self.host_cpus))

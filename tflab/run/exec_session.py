@@ -1,0 +1,327 @@
+"""`tflab exec NODE TASK`: one node runs a task, with the servers it needs started and shared, watched like a run's worker.
+
+The first exec of a task starts a session: the task's run folder starts fresh (unless
+--resume, as `tflab run`), the task's servers (the ps) are started and waited on. Later execs
+of the same task, from other terminals, join the session: its servers, its folder. Each exec
+holds a lease on the servers, taken before it looks at them (so an exec that ends meanwhile
+sees it), and they are stopped when the last exec using them ends (and stop by themselves
+within a second if every holder dies). A Ctrl-C stops only what its own exec owns.
+
+An exec of a worker is judged by the run's state machine: when the chief's exec (another
+terminal) has finished and this worker still waits a grace later, the exec says so, with the
+late-worker cause where it applies, and with --grace it stops it. Each exec keeps a small
+record (`.tflab/execs/TASK/`) that the others read: who runs, who has ended, how.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tflab.engine import guardcmd
+from tflab.engine.executors import Attached, Executor, Output
+from tflab.engine.guardcmd import warm_up
+from tflab.errors import EngineError, Interrupted, TflabError, UserError
+from tflab.host.fanout import background, parallel
+from tflab.host.locks import file_lock
+from tflab.plan import progress
+from tflab.plan.topology import GRPC_PORT
+from tflab.run import history
+from tflab.run.machine import (
+    Began,
+    Exited,
+    Finish,
+    PeerEnded,
+    RunMachine,
+    RunPlan,
+    Say,
+    Start,
+    Stop,
+    Tick,
+)
+from tflab.run.machine import (
+    Interrupted as Interrupt,
+)
+from tflab.run.machine import (
+    Output as OutputEvent,
+)
+
+TICK_S = 0.2
+RECORD_EVERY_S = 2.0
+WATCH_S = 0.5
+HOLD_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ExecSetup:
+    """What one exec runs."""
+
+    task: str
+    node: str
+    servers: tuple[str, ...]
+    commands: Mapping[str, str]
+    env: Mapping[str, str]
+    lock: Path  # the task's exec lock: one exec at a time looks at, starts or stops the servers
+    records: Path  # the task's exec records
+    runs_dir: Path  # the lab's runs folder on this host
+    plan: RunPlan | None = None  # the worker's rules (None: a server or sidecar, not judged)
+    resume: bool = False
+    progress: str | None = None  # the task's own progress pattern
+    warm: bool = True
+    ready_timeout_s: float = 120.0
+    stop_grace_s: float = guardcmd.STOP_GRACE_S
+
+
+@dataclass
+class ExecResult:
+    """How one exec ended."""
+
+    code: int
+    verdict: str
+    duration_s: float
+    steps_per_s: float | None = None
+    problem: str | None = None
+    fresh: bool = False
+    log: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+
+class ExecSession:
+    """Runs `setup.node`'s task to its end, and its verdict."""
+
+    def __init__(self, executor: Executor, setup: ExecSetup, on_output: Output,
+                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.executor = executor
+        self.setup = setup
+        self.on_output = on_output
+        self.say = say
+        self.clock = clock
+        self.pid = os.getpid()
+        self.owner = f"{self.pid}-{uuid.uuid4().hex[:6]}"  # this exec, among the others (and in its key)
+        self.records = history.ExecRecords(setup.records)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.holders: dict[str, Attached] = {}
+        self.node_started = False
+        self.started_wall = time.time()
+        self.record: dict[str, Any] = {}
+
+    def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
+        """Stop this exec (called from a signal handler).
+
+        While the servers start, it raises (the holders and started servers are released
+        on the way out); once the node's process runs, that process is stopped first.
+        """
+        if not self.node_started:
+            raise Interrupted(reason)
+        self.events.put(Interrupt(self.clock(), reason, force))
+
+    def run(self) -> ExecResult:
+        setup = self.setup
+        result: ExecResult | None = None
+        try:
+            with file_lock(setup.lock):
+                fresh = not self.records.live(exclude=self.owner)
+                folder = history.fresh_run_dir(setup.runs_dir, setup.task, resume=setup.resume or not fresh)
+                if fresh:
+                    self.say(f"{setup.task}: " + (f"resuming from the outputs in {folder}" if setup.resume
+                                                 else f"a fresh session, outputs in {folder}"))
+                if setup.servers:
+                    self._hold_and_start_servers(restart=fresh)
+                self.record = {"task": setup.task, "node": setup.node, "id": self.owner, "pid": self.pid,
+                               "pid_start": history.process_start(self.pid), "started": self.started_wall,
+                               "ended": None, "exit_code": None, "fresh": fresh}
+                self.records.write(setup.node, self.record)
+            self._hint_chief()
+            result = self._run_node(folder / history.LOG_DIR / f"{setup.node}.log")
+            result.fresh = fresh
+            return result
+        finally:
+            if self.record:
+                self.record.update(ended=time.time(), exit_code=None if result is None else result.code,
+                                   verdict=None if result is None else result.verdict)
+                self.records.write(setup.node, self.record)
+            if setup.servers:
+                with file_lock(setup.lock):
+                    self._release_servers()
+            if setup.warm:
+                warm_up(self.executor, [setup.node, *setup.servers])
+
+    # -- the servers -----------------------------------------------------------------------
+
+    def _hold_and_start_servers(self, restart: bool) -> None:
+        """Hold the servers (held before looked at), then start those that do not serve; wait until all accept."""
+        setup = self.setup
+        lease = guardcmd.lease(setup.task)
+        holding = {name: threading.Event() for name in setup.servers}
+        for name in setup.servers:
+            said = bytearray()
+
+            def on_output(chunk: bytes, _is_err: bool, name: str = name, said: bytearray = said) -> None:
+                said.extend(chunk)
+                if b"holding\n" in said:
+                    holding[name].set()
+
+            def on_exit(_code: int | None, _why: str | None, name: str = name) -> None:
+                holding[name].set()  # never holding: the check below says so
+
+            self.holders[name] = self.executor.start(name, guardcmd.hold(lease), on_output, on_exit, workdir="/")
+        deadline = self.clock() + HOLD_TIMEOUT_S
+        for name, event in holding.items():
+            if not event.wait(max(0.0, deadline - self.clock())) or self.holders[name].wait(0):
+                raise EngineError(f"cannot hold {name}'s server for this exec: its guard did not answer; "
+                                  f"is {name} running (`tflab status`)?")
+
+        def start(name: str) -> bool:
+            key = guardcmd.serve_key(setup.task, name)
+            if not restart and self.executor.run(name, guardcmd.alive(key))[0] == 0:
+                return False
+            # A fresh session, or a server gone: nothing of an earlier one may serve it.
+            self.executor.run(name, guardcmd.stop([key], force=True))
+            log = f"/runs/{setup.task}/logs/{name}.log"
+            self.executor.spawn(name, guardcmd.serve(key, lease, setup.commands[name], log, warm=setup.warm),
+                                env=setup.env, workdir="/workspace")
+            return True
+
+        started = dict(zip(setup.servers, parallel(start, setup.servers)))
+        probes = dict(zip(setup.servers, parallel(
+            lambda name: self.executor.run(name, guardcmd.probe(name, guardcmd.serve_key(setup.task, name),
+                                                                setup.ready_timeout_s))[0],
+            setup.servers)))
+        for name in setup.servers:
+            if probes[name] == 3:
+                raise UserError(f"{name} exited before serving on port {GRPC_PORT}; its output is in "
+                                f"the runs folder: {setup.task}/logs/{name}.log")
+            if probes[name] != 0:
+                raise UserError(f"{name} did not serve on port {GRPC_PORT} within {setup.ready_timeout_s:g}s; "
+                                f"its output is in the runs folder: {setup.task}/logs/{name}.log")
+            how = "started for this exec" if started[name] else "already serving: this exec joins it"
+            self.say(f"{name} is serving on {name}:{GRPC_PORT} ({how})")
+
+    def _release_servers(self) -> None:
+        setup = self.setup
+        for holder in self.holders.values():
+            holder.close()
+        for holder in self.holders.values():
+            holder.wait(5)
+        for name in self.holders:
+            try:
+                if self.executor.run(name, guardcmd.held(guardcmd.lease(setup.task)))[0] == 0:
+                    self.say(f"{name} keeps serving: another exec of {setup.task} uses it")
+                    continue
+                self.executor.run(name, guardcmd.stop([guardcmd.serve_key(setup.task, name)], setup.stop_grace_s))
+            except TflabError:
+                continue  # the node is gone; its server went with it
+            self.say(f"stopped {name}")
+
+    # -- the node's own process --------------------------------------------------------------
+
+    def _hint_chief(self) -> None:
+        plan = self.setup.plan
+        if plan is None or plan.chief == self.setup.node:
+            return
+        if not any(r.get("node") == plan.chief for r in self.records.live(exclude=self.owner)):
+            self.say(f"{self.setup.node} trains with the chief, {plan.chief}, which no exec runs yet: "
+                     f"start `tflab exec {plan.chief} {self.setup.task}` in another terminal (or use "
+                     f"`tflab run {self.setup.task}`)")
+
+    def _watch_chief(self, stop: threading.Event) -> None:
+        """Tell the machine when the chief's exec (another terminal) has finished, while this one runs."""
+        chief = self.setup.plan.chief if self.setup.plan else None
+        while chief and not stop.wait(WATCH_S):
+            for record in self.records.all():
+                if (record.get("node") == chief and record.get("ended") is not None
+                        and record["ended"] > self.started_wall):
+                    self.events.put(PeerEnded(chief, record.get("exit_code"), self.clock()))
+                    return
+
+    def _run_node(self, log_path: Path) -> ExecResult:
+        setup = self.setup
+        key = guardcmd.exec_key(setup.task, setup.node, self.owner)
+        argv = guardcmd.run(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
+        plan = setup.plan or RunPlan(servers=(), finishers=(setup.node,), chief=setup.node, stop_hung=False)
+        machine = RunMachine(plan)
+        splitter = progress.LineSplitter(updates=True)
+        reader = progress.ProgressReader(setup.progress)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log: IO[bytes] = log_path.open("ab")
+
+        def on_output(chunk: bytes, is_err: bool) -> None:
+            log.write(chunk)
+            log.flush()
+            for line in splitter.feed(chunk):
+                reading = reader.read(line)
+                self.events.put(OutputEvent(setup.node, self.clock(), reading.step if reading else None,
+                                            reading.rate if reading else None))
+            self.on_output(chunk, is_err)
+
+        def on_exit(code: int | None, reason: str | None) -> None:
+            try:
+                reason = guardcmd.end_reason(self.executor, setup.node, key, code) or reason
+            finally:
+                self.events.put(Exited(setup.node, code, self.clock(), reason))
+
+        began = self.clock()
+        actions = machine.handle(Began(began))
+        self.node_started = True  # from here on an interrupt is queued, and handled below
+        process = self.executor.start(setup.node, argv, on_output, on_exit, env=setup.env)
+        watching = threading.Event()
+        background(self._watch_chief, watching, name="watch-chief")
+        interrupted: str | None = None
+        last_record = self.clock()
+        try:
+            while not machine.finished or machine.running():
+                if self.clock() - last_record >= RECORD_EVERY_S and self.record:
+                    last_record = self.clock()  # its steps/s kept current for `tflab top`
+                    rate = machine.nodes[setup.node].rate(history.RECENT_S)
+                    self.record["steps_per_s"] = None if rate is None else round(rate, 2)
+                    self.records.write(setup.node, self.record)
+                for action in actions:
+                    if isinstance(action, Say):
+                        self.say(action.message)
+                    elif isinstance(action, Stop):
+                        if action.force:
+                            background(self.executor.run, setup.node, guardcmd.stop([key], force=True),
+                                       name="force-stop")
+                        process.close()  # the guard stops the process group: TERM, then KILL
+                try:
+                    event = self.events.get(timeout=TICK_S)
+                except queue.Empty:
+                    event = Tick(self.clock())
+                if isinstance(event, Interrupt):
+                    interrupted = interrupted or event.reason
+                actions = [a for a in machine.handle(event) if not isinstance(a, (Start, Finish))]
+                if not isinstance(event, Tick):
+                    actions += [a for a in machine.handle(Tick(self.clock())) if not isinstance(a, (Start, Finish))]
+        finally:
+            watching.set()
+            log.close()
+        for action in actions:
+            if isinstance(action, Say):
+                self.say(action.message)
+        node = machine.nodes[setup.node]
+        finish = machine.finish
+        assert finish is not None
+        rate = node.rate()
+        duration = (node.ended or self.clock()) - began
+        if interrupted:
+            code, verdict = 130, "interrupted"
+        elif node.verdict == "hung":
+            code, verdict = 1, "hung"
+        elif node.verdict == "oom":
+            code, verdict = node.exit_code or 137, "oom"
+        elif node.exit_code is None:
+            code, verdict = 255, "failed"
+        else:
+            code, verdict = node.exit_code, "ok" if node.exit_code == 0 else "failed"
+        problem = finish.problem if verdict != "ok" else None
+        if verdict == "failed" and node.exit_code is None:
+            problem = f"{setup.node}'s {setup.task} ended with no exit code: {node.reason}"
+        return ExecResult(code, verdict, duration, rate, problem, log=log_path)

@@ -1,0 +1,198 @@
+"""`runs/TASK/run.json`: what a run is doing or did, kept beside its logs (and read by `runs`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tflab.run.machine import RunMachine
+
+RUN_FILE = "run.json"
+OUTPUT_FILE = "output.log"
+LOG_DIR = "logs"
+RECENT_S = 10.0  # the window of a running node's current steps/s
+
+
+def stamp(epoch: float) -> str:
+    """A wall-clock time as people read it in a table (local time, seconds)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of process `pid` (ticks since boot), or None when there is none.
+
+    A pid and its start time name one process: a pid alone may have been given to another since.
+    """
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int | None, started: str | None = None) -> bool:
+    """Whether process `pid` (started at `started`, when known) still exists on this host."""
+    if not pid:
+        return False
+    now = process_start(int(pid))
+    return now is not None and (started is None or now == started)
+
+
+def node_rows(machine: RunMachine) -> dict[str, dict[str, Any]]:
+    """Each node's part in the run, as run.json keeps it."""
+    rows = {}
+    for name, node in machine.nodes.items():
+        rate = node.rate()
+        recent = node.rate(RECENT_S) if node.running else None
+        rows[name] = {
+            "role": node.role,
+            "attempt": node.attempt,
+            "exit_code": node.exit_code,
+            "verdict": node.verdict,
+            "reason": node.reason,
+            "duration_s": None if node.duration is None else round(node.duration, 2),
+            "steps_per_s": None if rate is None else round(rate, 2),
+            "recent_steps_per_s": None if recent is None else round(recent, 2),
+        }
+    return rows
+
+
+@dataclass
+class RunRecord:
+    """The run.json of one run, rewritten as the run goes (atomically: readers never see half)."""
+
+    folder: Path
+    task: str
+    detached: bool
+    started: float  # wall clock
+
+    def write(self, state: str, machine: RunMachine, result: str | None = None,
+              first_step_s: float | None = None, note: str | None = None) -> dict[str, Any]:
+        finish = machine.finish if state == "finished" else None
+        chief = machine.nodes.get(machine.plan.chief)
+        rate = chief.rate() if chief is not None else None
+        now = time.time()
+        data = {
+            "task": self.task,
+            "state": state,
+            "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()),
+            "host": socket.gethostname(),
+            "detached": self.detached,
+            "started": self.started,
+            "ended": now if finish else None,
+            "duration_s": round(now - self.started, 2),
+            "verdict": finish.verdict if finish else None,
+            "exit_code": finish.exit_code if finish else None,
+            "problem": finish.problem if finish else None,
+            "result": result,
+            "steps_per_s": None if rate is None else round(rate, 2),
+            "first_step_s": None if first_step_s is None else round(first_step_s, 2),
+            "note": note,
+            "faults": machine.drills.rows(machine.began),
+            "nodes": node_rows(machine),
+        }
+        save(self.folder, data)
+        return data
+
+
+def save(folder: Path, data: dict[str, Any]) -> None:
+    """Write `folder`/run.json whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{RUN_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, folder / RUN_FILE)
+
+
+def load(folder: Path) -> dict[str, Any] | None:
+    """The run.json in `folder`, or None when there is none (or it cannot be read)."""
+    try:
+        data = json.loads((folder / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_live(data: dict[str, Any]) -> bool:
+    """Whether a run that is not finished still has its supervisor (on this host)."""
+    return (data.get("state") != "finished" and data.get("host") == socket.gethostname()
+            and pid_alive(data.get("pid"), data.get("pid_start")))
+
+
+def fresh_run_dir(runs_dir: Path, task: str, resume: bool) -> Path:
+    """The host side of /runs/TASK: a previous run's is moved aside (to TASK.<time>) unless resuming."""
+    folder = runs_dir / task
+    if folder.exists() and not resume:
+        stamp_ = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
+        aside = runs_dir / f"{task}.{stamp_}"
+        number = 1
+        while aside.exists():
+            number += 1
+            aside = runs_dir / f"{task}.{stamp_}-{number}"
+        folder.rename(aside)
+    (folder / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def all_runs(runs_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every run kept under the runs folder (the current one of a task and the ones moved aside)."""
+    found = []
+    if runs_dir.is_dir():
+        for folder in runs_dir.iterdir():
+            data = load(folder) if folder.is_dir() else None
+            if data is not None:
+                found.append((folder, data))
+    return sorted(found, key=lambda item: item[1].get("started") or 0)
+
+
+class ExecRecords:
+    """The execs of one task: a small JSON file each, written whole."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, node: str, ident: str) -> Path:
+        return self.folder / f"{node}-{ident}.json"
+
+    def write(self, node: str, data: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        target = self.path(node, data["id"])
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, target)
+
+    def all(self) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                found.append(data)
+        return found
+
+    def live(self, exclude: str | None = None) -> list[dict[str, Any]]:
+        """Records of execs still going: not ended, their tflab process alive."""
+        return [r for r in self.all() if r.get("ended") is None and r.get("id") != exclude
+                and pid_alive(r.get("pid"), r.get("pid_start"))]
+
+
+def activity(runs_dir: Path, execs_dir: Path) -> dict[str, tuple[str, float | None]]:
+    """What each node is running now, by node: (task, its current steps/s), from live runs and execs."""
+    found: dict[str, tuple[str, float | None]] = {}
+    for _folder, data in all_runs(runs_dir):
+        if not is_live(data):
+            continue
+        for node, row in (data.get("nodes") or {}).items():
+            if row.get("verdict") in ("running", "held"):
+                found[node] = (data.get("task", "?"), row.get("recent_steps_per_s"))
+    if execs_dir.is_dir():
+        for folder in sorted(execs_dir.iterdir()):
+            for record in ExecRecords(folder).live():
+                found[record["node"]] = (record.get("task", folder.name), record.get("steps_per_s"))
+    return found

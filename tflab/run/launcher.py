@@ -1,0 +1,353 @@
+"""`tflab run`'s process I/O: carries out what the run state machine decides.
+
+Threads only read output and wait; every decision is `runstate.RunMachine`'s. Each
+reader reports its process's end from a `finally` (executor.py), and the loop below
+processes every queued event, in order, before it acts on a verdict, so no exit is ever
+missed. Signals reach the run as `interrupt()`, which is safe to call from a handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from tflab.engine import guardcmd
+from tflab.engine.executors import Attached, Executor
+from tflab.engine.guardcmd import warm_up
+from tflab.errors import TflabError
+from tflab.host.fanout import background, parallel
+from tflab.plan import progress
+from tflab.plan.faults import Fault
+from tflab.run.machine import (
+    Began,
+    Event,
+    Exited,
+    Finish,
+    Heal,
+    Healed,
+    Inject,
+    Injected,
+    Interrupted,
+    Output,
+    Release,
+    Revive,
+    Revived,
+    RunMachine,
+    RunPlan,
+    Say,
+    Serving,
+    Start,
+    Stop,
+    Tick,
+)
+
+log = logging.getLogger("tflab.launcher")
+TICK_S = 0.2
+RECORD_EVERY_S = 2.0
+
+
+class Injector(Protocol):
+    """What does a drill's faults to the nodes, and heals them (engine.faults.FaultInjector)."""
+
+    def apply(self, fault: Fault) -> str: ...
+
+    def heal(self, fault: Fault) -> str: ...
+
+    def revive(self, node: str) -> None: ...
+
+    def clear(self) -> list[str]: ...
+
+
+class Sink(Protocol):
+    """Where a run's output goes (the terminal, a file): lines of nodes and tflab's own messages."""
+
+    def line(self, node: str, text: str) -> None: ...
+
+    def event(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run starts: a command line per node, the environment, where logs go."""
+
+    task: str
+    commands: Mapping[str, str]
+    env: Mapping[str, str]
+    log_dir: Path
+    preload: bool = True
+    warm: bool = True
+    stop_grace_s: float = guardcmd.STOP_GRACE_S
+    report_every_s: float = 10.0
+    progress: str | None = None  # the task's own progress pattern (tflab.yaml `progress:`)
+
+
+@dataclass
+class RunResult:
+    """How the run ended, and each node's part in it."""
+
+    finish: Finish
+    machine: RunMachine
+    first_step_s: float | None = None
+    result_line: str | None = None
+    last_lines: dict[str, str] = field(default_factory=dict)
+
+
+
+class Launcher:
+    """Runs one task across the lab through an executor, to the machine's verdict."""
+
+    def __init__(self, executor: Executor, plan: RunPlan, setup: RunSetup, sink: Sink,
+                 on_state: Callable[[str, RunMachine], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, injector: Injector | None = None) -> None:
+        self.executor = executor
+        self.plan = plan
+        self.setup = setup
+        self.sink = sink
+        self.on_state = on_state or (lambda _state, _machine: None)
+        self.clock = clock
+        self.injector = injector
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.machine = RunMachine(plan)
+        self.processes: dict[str, Attached] = {}
+        self.logs: dict[str, IO[bytes]] = {}
+        self.last_lines: dict[str, str] = {}
+        self._print_lock = threading.Lock()
+        self._first_step: float | None = None
+        self._sink_failed = False
+        self._began = 0.0
+
+    # -- called from other threads and signal handlers -------------------------------------------
+
+    def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
+        """Stop the run (SimpleQueue.put is safe in a signal handler); `force` kills at once."""
+        self.events.put(Interrupted(self.clock(), reason, force))
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def execute(self) -> RunResult:
+        """Run to the verdict; when it returns, nothing this run started runs in any node."""
+        nodes = list(self.machine.nodes)
+        self.setup.log_dir.mkdir(parents=True, exist_ok=True)
+        self._sweep(nodes, force=True)  # whatever an earlier run of this task left behind
+        self._began = self.clock()
+        self._apply(self.machine.handle(Began(self._began)))
+        self.on_state("starting", self.machine)
+        last_tick = last_report = self.clock()
+        drain_deadline: float | None = None
+        announced_running = False
+        last_record = 0.0
+        while True:
+            try:
+                event: Event | None = self.events.get(timeout=TICK_S)
+            except queue.Empty:
+                event = None
+            now = self.clock()
+            if event is not None:
+                self._apply(self.machine.handle(event))
+            if now - last_tick >= TICK_S or event is None:
+                last_tick = now
+                self._apply(self.machine.handle(Tick(now)))
+            if not announced_running and self.machine.released:
+                announced_running = True
+                last_record = now
+                self.on_state("running", self.machine)
+            elif announced_running and not self.machine.finished and now - last_record >= RECORD_EVERY_S:
+                last_record = now  # run.json's steps/s kept current (`tflab top`, `tflab runs`)
+                self.on_state("running", self.machine)
+            if now - last_report >= self.setup.report_every_s and not self.machine.finished:
+                last_report = now
+                self._report_rates()
+            if self.machine.finished:
+                drain_deadline = drain_deadline or now + self.setup.stop_grace_s + 15
+                if not self.machine.running() or now > drain_deadline:
+                    break
+        for name in self.machine.running():  # never ended, even when told to: say so
+            self.machine.handle(Exited(name, None, self.clock(), "did not stop; killed"))
+        self._heal_drills()
+        self._sweep(nodes, force=True)
+        if self.setup.warm:
+            warm_up(self.executor, nodes)  # ready for the next run (imports in the background)
+        for handle in self.logs.values():
+            handle.close()
+        assert self.machine.finish is not None
+        chief_last = self.last_lines.get(self.plan.chief)
+        return RunResult(self.machine.finish, self.machine,
+                         None if self._first_step is None else self._first_step - self._began,
+                         chief_last, dict(self.last_lines))
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def _apply(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, Start):
+                for name in action.nodes:
+                    self._start(name, action.held, action.attempt)
+            elif isinstance(action, Release):
+                for name in action.nodes:
+                    if name in self.processes:
+                        self.processes[name].release()
+            elif isinstance(action, Stop):
+                for name in action.nodes:
+                    background(self._stop, name, action.force, name=f"stop-{name}")
+            elif isinstance(action, Say):
+                self._say(action.message)
+            elif isinstance(action, Finish):
+                self.on_state("stopping", self.machine)
+            elif isinstance(action, (Inject, Heal, Revive)):
+                background(self._drill, action, name="drill")
+
+    def _start(self, name: str, held: bool, attempt: int) -> None:
+        key = guardcmd.run_key(self.setup.task, name)
+        argv = guardcmd.run(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
+                         warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s)
+        handle = self.logs.get(name)
+        if handle is None:
+            handle = self.logs[name] = (self.setup.log_dir / f"{name}.log").open("ab")
+        if attempt > 1:
+            handle.write(f"--- tflab: attempt {attempt} ---\n".encode())
+        lines, updates = progress.LineSplitter(), progress.LineSplitter(updates=True)
+        reader = progress.ProgressReader(self.setup.progress)
+
+        def on_output(chunk: bytes, _is_err: bool) -> None:
+            handle.write(chunk)
+            handle.flush()
+            for text in updates.feed(chunk):
+                self._progress(name, text, reader)
+            for text in lines.feed(chunk):
+                self._line(name, text)
+
+        def on_exit(code: int | None, reason: str | None) -> None:
+            try:
+                for text in updates.rest():
+                    self._progress(name, text, reader)
+                for text in lines.rest():
+                    self._line(name, text)
+                reason = guardcmd.end_reason(self.executor, name, key, code) or reason
+            finally:
+                self.events.put(Exited(name, code, self.clock(), reason))
+
+        try:
+            self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env)
+        except TflabError as exc:
+            self.events.put(Exited(name, None, self.clock(), str(exc)))
+            return
+        if name in self.plan.servers:
+            background(self._probe, name, key, name=f"probe-{name}")
+
+    def _progress(self, name: str, text: str, reader: progress.ProgressReader) -> None:
+        """A line (or one update of a line that rewrites itself): the progress it reports, if any."""
+        reading = reader.read(text)
+        if reading is None:
+            return
+        now = self.clock()
+        if self._first_step is None and name in self.plan.finishers:
+            self._first_step = now
+        self.events.put(Output(name, now, reading.step, reading.rate))
+
+    def _drill(self, action: Inject | Heal | Revive) -> None:
+        """Do a drill's step through the injector; the machine hears how it went."""
+        if self.injector is None:
+            return
+        faults = self.plan.faults
+        try:
+            if isinstance(action, Inject):
+                done = self.injector.apply(faults[action.index])
+                self.events.put(Injected(action.index, self.clock(), done))
+            elif isinstance(action, Heal):
+                done = self.injector.heal(faults[action.index])
+                self.events.put(Healed(action.index, self.clock(), done))
+            else:
+                self.injector.revive(action.node)
+                self.events.put(Revived(action.node, self.clock()))
+        except TflabError as exc:
+            if isinstance(action, Inject):
+                self.events.put(Injected(action.index, self.clock(), error=str(exc)))
+            elif isinstance(action, Heal):
+                self.events.put(Healed(action.index, self.clock(), f"could not heal: {exc}"))
+            else:
+                self.events.put(Revived(action.node, self.clock(), error=str(exc)))
+
+    def _heal_drills(self) -> None:
+        """After a drill, nothing of it is left: every node up, unfrozen, its links and quota its own."""
+        if self.injector is None or not self.plan.faults:
+            return
+        try:
+            healed = self.injector.clear()
+        except TflabError as exc:
+            self._say(f"drill: could not heal everything: {exc}; `tflab fault clear` tries again")
+            return
+        if healed:
+            self._say("drill: healed " + "; ".join(healed))
+
+    def _line(self, name: str, text: str) -> None:
+        """A whole line: shown, kept, and a sign of life."""
+        if text.strip() and not progress.is_noise(text):
+            self.last_lines[name] = text.rsplit("\r", 1)[-1]
+        self.events.put(Output(name, self.clock()))
+        self._show(self.sink.line, name, text)
+
+    def _probe(self, name: str, key: str) -> None:
+        try:
+            code, _ = self.executor.run(name, guardcmd.probe(name, key, self.plan.ready_timeout_s))
+        except TflabError as exc:
+            log.debug("probe of %s failed: %s", name, exc)
+            return
+        if code == 0:
+            self.events.put(Serving(name, self.clock()))
+
+    def _stop(self, name: str, force: bool) -> None:
+        process = self.processes.get(name)
+        key = guardcmd.run_key(self.setup.task, name)
+        if process is not None and not force:
+            process.close()  # the guard stops the group: TERM, then KILL after the grace
+            if process.wait(self.setup.stop_grace_s + 3):
+                return
+        try:
+            self.executor.run(name, guardcmd.stop([key], force=True))
+        except TflabError:
+            pass  # the node itself is gone: nothing of the task is left in it
+        if process is not None:
+            process.close()
+            process.wait(5)
+
+    def _sweep(self, nodes: list[str], force: bool) -> None:
+        """Stop every process of this task's runs in every node (in parallel)."""
+        pattern = guardcmd.run_key(self.setup.task, "*")
+
+        def sweep(name: str) -> None:
+            try:
+                self.executor.run(name, guardcmd.stop([pattern], force=force))
+            except TflabError:
+                pass  # the node itself is gone: nothing of the task is left in it
+
+        parallel(sweep, nodes, name="sweep")
+
+    def _say(self, message: str) -> None:
+        self._show(self.sink.event, message)
+
+    def _show(self, show: Callable[..., None], *args: str) -> None:
+        """Hand a line to the sink; a sink that fails (a closed stdout) stops the run, once."""
+        with self._print_lock:
+            if self._sink_failed:
+                return
+            try:
+                show(*args)
+            except Exception as exc:  # noqa: BLE001 - whatever broke the output, the run must not hang
+                self._sink_failed = True
+                self.interrupt(f"the output failed ({type(exc).__name__}: {exc})")
+
+    def _report_rates(self) -> None:
+        rates = []
+        for name in self.plan.finishers:
+            node = self.machine.nodes[name]
+            rate = node.rate(self.setup.report_every_s * 1.5)
+            if node.running and rate is not None:
+                rates.append(f"{name} {rate:.1f}")
+        if rates:
+            self._say("steps/s: " + ", ".join(rates))

@@ -1,0 +1,712 @@
+"""A run's decisions as a pure state machine: events in, actions out, no I/O and no clock.
+
+The launcher feeds it what happens (a node's process started, printed a step, exited; a
+server accepts; time passes; the user interrupts) and carries out what it returns (start,
+release, stop, say, finish). Every verdict is decided here, from events alone, so it can
+be tested with literal event lists.
+
+The rules (DESIGN.md, "Tasks"):
+- servers start first; the finishers (workers, chief) start held and are released once
+  every server accepts on its port; sidecars (the evaluator) run beside them;
+- the run succeeds when every finisher exited 0; then servers and sidecars are stopped;
+- a finisher that fails stops the run (unless a restart is allowed), as does a server
+  that exits while the finishers run, or one that never serves;
+- after the chief finished, a finisher still running is hung once it has been silent for
+  the grace period; one that never printed a step may be sleeping through TF1's
+  MonitoredTrainingSession recovery wait (30 s), so it gets that much longer, and if it
+  is still waiting then, the verdict names the cause and the cure (`device_filters`);
+- a correct program is never called failed or hung: a late worker that ends after the
+  chief (even 35 s after) is `ok`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tflab.engine.guardcmd import OOM
+from tflab.plan import progress
+from tflab.plan.config import Task
+from tflab.plan.faults import Fault
+from tflab.plan.machines import memory_text
+from tflab.plan.tasks import start_order
+from tflab.plan.topology import GRPC_PORT, Lab
+from tflab.run.drills import Drills, describe
+
+SERVER, SIDECAR, FINISHER = "server", "sidecar", "finisher"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Who does what in a run, and how patient to be."""
+
+    servers: tuple[str, ...]
+    finishers: tuple[str, ...]
+    chief: str
+    sidecars: tuple[str, ...] = ()
+    grace_s: float = 30.0  # silence allowed after the chief finished
+    timeout_s: float | None = None
+    ready_timeout_s: float = 120.0
+    restarts: int = 0  # per non-chief finisher
+    recovery_wait_s: float = 30.0  # TF1 MonitoredTrainingSession's recovery_wait_secs
+    task_index: dict[str, int] = field(default_factory=dict)  # for the device_filters hint
+    stop_hung: bool = True  # False: a hung finisher is reported, and left to the user (`tflab exec` without --grace)
+    memory_limits: dict[str, str] = field(default_factory=dict)  # node -> its memory limit, as people read it
+    faults: tuple[Fault, ...] = ()  # the drill (`--fault`)
+    expect: str | None = None  # survive | fail: what the drill should do to the training
+    stall_s: float = 60.0  # a drilled run that makes no progress this long is ended, the drill named
+    # Restarts of an all-reduce job restart every worker (they train in lockstep; one cannot rejoin alone).
+    gang_restart: bool = False
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Began:
+    t: float
+
+
+@dataclass(frozen=True)
+class Serving:
+    node: str
+    t: float
+
+
+@dataclass(frozen=True)
+class Output:
+    node: str
+    t: float
+    step: int | None = None
+    rate: float | None = None  # steps/s the line reported itself
+
+
+@dataclass(frozen=True)
+class Exited:
+    node: str
+    code: int | None
+    t: float
+    reason: str | None = None  # why the code is unknown, or what happened to the node
+
+
+@dataclass(frozen=True)
+class PeerEnded:
+    """A node of the task outside this machine ended (the chief's own `tflab exec`, in another terminal)."""
+
+    node: str
+    code: int | None
+    t: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    t: float
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    t: float
+    reason: str = "interrupted"
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A fault of the drill was done (or could not be)."""
+
+    index: int
+    t: float
+    done: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Healed:
+    index: int
+    t: float
+    done: str | None = None
+
+
+@dataclass(frozen=True)
+class Revived:
+    """A node's machine is running again (and answers)."""
+
+    node: str
+    t: float
+    error: str | None = None
+
+
+Event = Began | Serving | Output | Exited | PeerEnded | Tick | Interrupted | Injected | Healed | Revived
+
+# -- actions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    nodes: tuple[str, ...]
+    held: bool = False
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Release:
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    nodes: tuple[str, ...]
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Say:
+    message: str
+
+
+@dataclass(frozen=True)
+class Inject:
+    """Do fault `index` of the drill."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Heal:
+    index: int
+
+
+@dataclass(frozen=True)
+class Revive:
+    """Bring a node's machine back (after a kill or a stop)."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    exit_code: int
+    verdict: str  # ok | failed | hung | oom | timeout | interrupted
+    problem: str | None = None
+
+
+Action = Start | Release | Stop | Say | Finish | Inject | Heal | Revive
+
+
+@dataclass
+class NodeState:
+    """What the machine knows of one node's process."""
+
+    name: str
+    role: str
+    attempt: int = 0
+    started: float | None = None  # released, for finishers
+    ended: float | None = None
+    exit_code: int | None = None
+    verdict: str = "pending"  # pending | running | ok | failed | hung | served | stopped | ...
+    reason: str | None = None
+    last_output: float | None = None
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself
+    serving: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.started is not None and self.ended is None
+
+    @property
+    def progressed(self) -> bool:
+        """Whether it reported any training progress (a step, or a rate)."""
+        return bool(self.steps or self.rates)
+
+    @property
+    def last_progress(self) -> float | None:
+        """When it last reported progress."""
+        times = [t for t, _ in self.steps[-1:]] + [t for t, _ in self.rates[-1:]]
+        return max(times) if times else None
+
+    def rate(self, window_s: float | None = None) -> float | None:
+        """Its steps per second (over the last `window_s` seconds)."""
+        return progress.node_rate(self.steps, self.rates, window_s)
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None:
+            return None
+        return (self.ended if self.ended is not None else self.started) - self.started
+
+
+class RunMachine:
+    """The verdict of one run, decided from events."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.nodes: dict[str, NodeState] = {}
+        for name in plan.servers:
+            self.nodes[name] = NodeState(name, SERVER)
+        for name in plan.sidecars:
+            self.nodes[name] = NodeState(name, SIDECAR)
+        for name in plan.finishers:
+            self.nodes[name] = NodeState(name, FINISHER)
+        self.began: float | None = None
+        self.released = False
+        self._released_t: float | None = None
+        self.chief_ended: float | None = None
+        self.restarts = {name: 0 for name in plan.finishers}
+        self.finish: Finish | None = None
+        self.hung_reported: set[str] = set()
+        self.problems: list[str] = []
+        self.drills = Drills(plan.faults, plan.stall_s)
+        self.run_step: int | None = None  # the furthest step a finisher reported
+        self.down: set[str] = set()  # nodes whose machine a fault took down (waiting to be revived)
+        self.reviving: set[str] = set()
+        self.gang: set[str] = set()  # finishers being stopped for a restart of them all
+        self.gang_restarts = 0
+
+    # -- the one entry point -------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Action]:
+        """The actions `event` calls for."""
+        if isinstance(event, Began):
+            return self._began(event)
+        if isinstance(event, Output):
+            return self._output(event)
+        if isinstance(event, Serving):
+            return self._serving(event)
+        if isinstance(event, Exited):
+            return self._exited(event)
+        if isinstance(event, PeerEnded):
+            return self._peer_ended(event)
+        if isinstance(event, Tick):
+            return self._tick(event.t)
+        if isinstance(event, Interrupted):
+            return self._interrupted(event)
+        if isinstance(event, Injected):
+            return self._injected(event)
+        if isinstance(event, Healed):
+            return self._healed(event)
+        if isinstance(event, Revived):
+            return self._revived(event)
+        raise TypeError(f"not an event: {event!r}")
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    def running(self) -> list[str]:
+        """Nodes whose process has started and not yet ended (held ones included)."""
+        return [n.name for n in self.nodes.values() if n.attempt > 0 and n.ended is None]
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _began(self, event: Began) -> list[Action]:
+        self.began = event.t
+        actions: list[Action] = []
+        first = self.plan.servers + self.plan.sidecars
+        for name in first:
+            self._mark_started(name, event.t)
+        if first:
+            actions.append(Start(first))
+        for name in self.plan.finishers:
+            self.nodes[name].attempt = 1
+            self.nodes[name].verdict = "held"
+        if not self.plan.servers:
+            actions.append(Start(self.plan.finishers))
+            actions += self._release(event.t, announce=False)
+        else:
+            actions.append(Start(self.plan.finishers, held=True))
+        return actions
+
+    def _mark_started(self, name: str, t: float) -> None:
+        node = self.nodes[name]
+        node.attempt += 1
+        node.started, node.ended, node.exit_code, node.reason = t, None, None, None
+        node.verdict = "running"
+
+    def _release(self, t: float, announce: bool = True) -> list[Action]:
+        self.released = True
+        self._released_t = t
+        for name in self.plan.finishers:
+            node = self.nodes[name]
+            if node.ended is None:
+                node.started, node.verdict = t, "running"
+        actions: list[Action] = []
+        if announce:
+            actions.append(Say(f"starting {', '.join(self.plan.finishers)}"))
+            actions.append(Release(self.plan.finishers))
+        return actions
+
+    def _serving(self, event: Serving) -> list[Action]:
+        node = self.nodes.get(event.node)
+        if self.finished or node is None or node.role != SERVER or node.serving or node.ended is not None:
+            return []
+        node.serving = True
+        actions: list[Action] = [Say(f"{event.node} is serving on {event.node}:{GRPC_PORT}")]
+        if not self.released and all(self.nodes[s].serving for s in self.plan.servers):
+            actions += self._release(event.t)
+        return actions
+
+    def _output(self, event: Output) -> list[Action]:
+        node = self.nodes.get(event.node)
+        if node is None:
+            return []
+        node.last_output = event.t
+        if event.step is not None:
+            node.steps.append((event.t, event.step))
+        if event.rate is not None:
+            node.rates.append((event.t, event.rate))
+        if event.step is not None and event.node in self.plan.finishers:
+            self.run_step = max(self.run_step or 0, event.step)
+            return self._due(event.t)
+        return []
+
+    def _exited(self, event: Exited) -> list[Action]:
+        node = self.nodes.get(event.node)
+        if node is None or node.ended is not None:
+            return []
+        node.ended, node.exit_code = event.t, event.code
+        if node.started is None:
+            node.started = event.t  # ended while held
+        node.reason = event.reason
+        if event.node in self.gang and not self.finished:
+            return self._gang_member_ended(node, event)
+        if node.verdict not in ("running", "held"):
+            # Stopped on purpose (served, stopped, hung, interrupted ...): the verdict stands.
+            return self._maybe_done()
+        if self.finished:
+            node.verdict = "stopped"
+            return []
+        how = self._how(event)
+        if event.reason == OOM:
+            return self._oom(node, event)
+        drilled = self.drills.downed(event.node)
+        if drilled is not None or event.node in self.down:
+            return self._drilled_exit(node, event, drilled)
+        if node.role == SERVER:
+            node.verdict = "failed"
+            when = "while the workers were running" if self.released else f"before serving on port {GRPC_PORT}"
+            return self._fail(f"{event.node} {how} {when}")
+        if node.role == SIDECAR:
+            node.verdict = "ok" if event.code == 0 else "failed"
+            return [] if event.code == 0 else [Say(f"{event.node} {how}; the run goes on without it")]
+        if event.code == 0:
+            node.verdict = "ok"
+            if event.node == self.plan.chief:
+                self.chief_ended = event.t
+            return self._maybe_done()
+        if self.plan.gang_restart and self.gang_restarts < self.plan.restarts and event.code is not None:
+            node.verdict = "restarted"
+            return self._gang_restart(f"{event.node} {how}")
+        if event.node != self.plan.chief and self.restarts[event.node] < self.plan.restarts and event.code is not None:
+            self.restarts[event.node] += 1
+            node.verdict = "restarted"
+            self._mark_started(event.node, event.t)
+            return [
+                Say(f"{event.node} {how}; restart {self.restarts[event.node]} of {self.plan.restarts}"),
+                Start((event.node,), attempt=node.attempt),
+            ]
+        node.verdict = "failed"
+        return self._fail(f"{event.node} failed: {how}" if event.code is None
+                          else f"{event.node} failed with exit code {event.code}"
+                          + (f" ({event.reason})" if event.reason else ""))
+
+    # -- drills ------------------------------------------------------------------------------
+
+    def _steps(self) -> dict[str, int | None]:
+        return {name: (self.nodes[name].steps[-1][1] if self.nodes[name].steps else None)
+                for name in self.plan.finishers}
+
+    def _due(self, t: float) -> list[Action]:
+        if self.finished or not self.drills:
+            return []
+        released = self.began if not self.plan.servers else self._released_t
+        return [Inject(i) for i in self.drills.due(t, released if self.released else None, self.run_step)]
+
+    def _injected(self, event: Injected) -> list[Action]:
+        state = self.drills.states[event.index]
+        self.drills.hit(event.index, event.t, self.run_step, self._steps(), event.done, event.error)
+        fault = state.fault
+        if event.error is not None:
+            return [Say(f"drill: {fault.describe()} could not be done: {event.error}")]
+        actions: list[Action] = [Say(f"drill: {event.done} at {describe(state).split(' at ', 1)[1]}")]
+        if fault.action in ("kill", "stop"):
+            self.down.add(fault.node)
+            if fault.then_restart:
+                self.reviving.add(fault.node)
+                actions.append(Revive(fault.node))
+        elif fault.action == "restart":
+            self.down.add(fault.node)  # its process ends with the reboot; it starts again once that is seen
+            self.drills.back(fault.node, event.t)
+            actions += self._restart_after_drill(fault.node, event.t)
+        return actions
+
+    def _healed(self, event: Healed) -> list[Action]:
+        self.drills.heal(event.index, event.t, event.done, self._steps())
+        return [Say(f"drill: {event.done}")] if event.done else []
+
+    def _revived(self, event: Revived) -> list[Action]:
+        self.reviving.discard(event.node)
+        if event.error is not None:
+            self.down.discard(event.node)
+            return self._fail(f"{event.node} could not be brought back after the drill: {event.error}")
+        self.drills.back(event.node, event.t)
+        self.down.discard(event.node)
+        actions: list[Action] = [Say(f"drill: {event.node} is back")]
+        if self.gang:
+            return actions + self._gang_ready(event.t)
+        return actions + self._restart_after_drill(event.node, event.t)
+
+    def _restart_after_drill(self, name: str, t: float) -> list[Action]:
+        """A node the drill downed is back: its process starts again once the old one is seen gone."""
+        node = self.nodes[name]
+        if self.finished or node.ended is None or name in self.down:
+            return []
+        self._mark_started(name, t)
+        if node.role == SERVER:
+            node.serving = False
+        return [Say(f"{name} starts again (attempt {node.attempt})"), Start((name,), attempt=node.attempt)]
+
+    def _drilled_exit(self, node: NodeState, event: Exited, state) -> list[Action]:
+        """A process the drill ended: not a failure of its own; it comes back if the drill or --restarts says so."""
+        fault = state.fault if state is not None else None
+        node.verdict = {"kill": "killed", "stop": "shut down", "restart": "rebooted"}.get(
+            fault.action if fault else "kill", "killed")
+        node.reason = f"by the drill ({fault.describe()})" if fault else "by the drill"
+        if fault is not None and (fault.then_restart or fault.action == "restart"):
+            return self._restart_after_drill(node.name, event.t) if node.name not in self.down else []
+        if node.role == FINISHER and self.plan.restarts:
+            if self.plan.gang_restart and self.gang_restarts < self.plan.restarts:
+                return self._gang_restart(f"{node.name} was ended by the drill")
+            if node.name != self.plan.chief and self.restarts[node.name] < self.plan.restarts:
+                self.restarts[node.name] += 1
+                self.reviving.add(node.name)
+                return [Say(f"{node.name} was ended by the drill; restart {self.restarts[node.name]} of "
+                            f"{self.plan.restarts}"), Revive(node.name)]
+        return self._maybe_done()
+
+    def _gang_restart(self, why: str) -> list[Action]:
+        """Every worker stops, and all start again together once the last is gone (and every machine is back)."""
+        self.gang_restarts += 1
+        self.gang = set(self.plan.finishers)
+        still = tuple(n for n in self.plan.finishers if self.nodes[n].running)
+        for name in still:
+            self.nodes[name].verdict = "restarting"
+        actions: list[Action] = [Say(f"{why}; restarting every worker together (an all-reduce job trains in "
+                                     f"lockstep), restart {self.gang_restarts} of {self.plan.restarts}")]
+        for name in sorted(self.down - self.reviving):
+            self.reviving.add(name)
+            actions.append(Revive(name))
+        if still:
+            actions.append(Stop(still))
+        return actions + self._gang_ready(None)
+
+    def _gang_member_ended(self, node: NodeState, event: Exited) -> list[Action]:
+        node.verdict = "restarting"
+        return self._gang_ready(event.t)
+
+    def _gang_ready(self, t: float | None) -> list[Action]:
+        if any(self.nodes[n].ended is None for n in self.gang) or self.reviving or t is None:
+            return []
+        names = tuple(sorted(self.gang, key=self.plan.finishers.index))
+        self.gang = set()
+        for name in names:
+            self._mark_started(name, t)
+        attempt = max(self.nodes[n].attempt for n in names)
+        return [Say(f"starting {', '.join(names)} again (attempt {attempt})"), Start(names, attempt=attempt)]
+
+    def _peer_ended(self, event: PeerEnded) -> list[Action]:
+        if event.node == self.plan.chief and event.code == 0 and self.chief_ended is None and not self.finished:
+            self.chief_ended = event.t
+            return [Say(f"the chief ({event.node}) has finished")]
+        return []
+
+    def _oom(self, node: NodeState, event: Exited) -> list[Action]:
+        node.verdict = "oom"
+        limit = self.plan.memory_limits.get(event.node)
+        problem = (f"{event.node} ran out of memory: the kernel's out-of-memory killer ended it "
+                   + (f"at its node's limit of {limit}" if limit else "(its node has no limit: the host itself ran out)"))
+        if node.role == SIDECAR:
+            return [Say(f"{problem}; the run goes on without it")]
+        self.problems.append(problem)
+        return self._end("oom", 1, problem, verdict_for_running="stopped")
+
+    @staticmethod
+    def _how(event: Exited) -> str:
+        if event.code is None:
+            return f"ended with no exit code: {event.reason or 'unknown'}"
+        text = f"exited with {event.code}"
+        return f"{text} ({event.reason})" if event.reason else text
+
+    def _tick(self, t: float) -> list[Action]:
+        if self.finished or self.began is None:
+            return []
+        plan = self.plan
+        if plan.timeout_s is not None and t - self.began > plan.timeout_s:
+            return self._end("timeout", 1, f"the run passed its timeout of {plan.timeout_s:g}s",
+                             verdict_for_running="timeout")
+        if not self.released and t - self.began > plan.ready_timeout_s:
+            late = [s for s in plan.servers if not self.nodes[s].serving]
+            return self._fail(f"{', '.join(late)} did not serve on port {GRPC_PORT} within {plan.ready_timeout_s:g}s")
+        drill: list[Action] = []
+        if self.drills:
+            drill = self._due(t) + [Heal(i) for i in self.drills.heal_due(t)]
+            self.drills.note_steps(self._steps())
+            last = [n.last_progress for n in (self.nodes[f] for f in plan.finishers) if n.last_progress]
+            stalled = self.drills.stalled(t, max(last) if last else None)
+            if stalled is not None and not self.gang and not self.reviving:
+                return drill + self._fail(f"no worker made progress in {plan.stall_s:g}s after the drill's "
+                                          f"{describe(stalled)}: the training did not recover from it")
+        if self.chief_ended is None:
+            return drill
+        hung: list[str] = []
+        for name in plan.finishers:
+            node = self.nodes[name]
+            if not node.running or name in self.hung_reported:
+                continue
+            if node.progressed:
+                quiet_since = max(self.chief_ended, node.last_output or self.chief_ended)
+                deadline = quiet_since + plan.grace_s
+            else:
+                deadline = self.chief_ended + plan.recovery_wait_s + plan.grace_s
+            if t > deadline:
+                hung.append(name)
+        if not hung:
+            return drill
+        actions: list[Action] = drill
+        for name in hung:
+            node = self.nodes[name]
+            self.hung_reported.add(name)
+            message = self._hung_message(name, t)
+            if not plan.stop_hung:
+                actions.append(Say(message))  # said once; stopping it is the user's call
+                continue
+            node.verdict = "hung"
+            node.reason = message
+            self.problems.append(message)
+        if not plan.stop_hung:
+            return actions
+        actions.append(Stop(tuple(hung)))
+        return actions + self._maybe_done()
+
+    def _hung_message(self, name: str, t: float) -> str:
+        node = self.nodes[name]
+        after = t - (self.chief_ended or t)
+        what = ("reported hung and stopped" if self.plan.stop_hung
+                else "it looks hung (Ctrl-C stops it; with --grace tflab stops it)")
+        if not node.progressed:
+            index = self.plan.task_index.get(name)
+            task = f"/job:worker/task:{index}" if index is not None else "/job:worker/task:N"
+            return (
+                f"{name} never printed a training step and still waited {after:.0f}s after the chief "
+                f"finished: {what}. With TF1's MonitoredTrainingSession this is the "
+                f"classic late worker: it asked before the chief was ready, slept through "
+                f"recovery_wait_secs ({self.plan.recovery_wait_s:g}s), and its session now waits for the "
+                f"chief's server forever; give the session "
+                f'config=tf.compat.v1.ConfigProto(device_filters=["/job:ps", "{task}"])'
+            )
+        return (
+            f"{name} still running {self.plan.grace_s:g}s after the chief finished, silent for "
+            f"{t - max(self.chief_ended or t, node.last_output or 0):.0f}s: {what}"
+        )
+
+    def _interrupted(self, event: Interrupted) -> list[Action]:
+        if self.finished:
+            still = tuple(self.running())
+            return [Stop(still, force=True)] if event.force and still else []
+        return self._end("interrupted", 130, event.reason, verdict_for_running="interrupted",
+                         force=event.force)
+
+    # -- endings ---------------------------------------------------------------------------
+
+    def _maybe_done(self) -> list[Action]:
+        if self.finished:
+            return []
+        if self.gang or self.reviving or self.down & set(self.plan.finishers) - self._gone_for_good():
+            return []  # a restart of the drill (or of --restarts) is on its way
+        finishers = [self.nodes[n] for n in self.plan.finishers if n not in self._gone_for_good()]
+        if any(n.ended is None for n in finishers):
+            return []  # still running, or hung and being stopped: their exits end the run
+        if not finishers:
+            return self._end("failed", 1, "the drill took down every worker", verdict_for_running="stopped")
+        if all(n.verdict == "ok" for n in finishers):
+            return self._end("ok", 0, None, verdict_for_running="served")
+        if any(n.verdict == "hung" for n in finishers):
+            return self._end("hung", 1, "; ".join(self.problems), verdict_for_running="stopped")
+        return self._end("failed", 1, "; ".join(self.problems) or "not every worker succeeded",
+                         verdict_for_running="stopped")
+
+    def _gone_for_good(self) -> set[str]:
+        """Finishers a drill took down that come back neither by the drill nor by --restarts: the run goes on without them."""
+        return {n for n in self.down if n not in self.reviving and self.nodes[n].role == FINISHER
+                and self.nodes[n].ended is not None}
+
+    def _fail(self, problem: str) -> list[Action]:
+        return self._end("failed", 1, problem, verdict_for_running="stopped")
+
+    def _end(self, verdict: str, code: int, problem: str | None, verdict_for_running: str,
+             force: bool = False) -> list[Action]:
+        still = self.running()
+        for name in still:
+            node = self.nodes[name]
+            if node.verdict in ("running", "held"):
+                role_verdict = verdict_for_running
+                if verdict_for_running == "served" and node.role == SIDECAR:
+                    role_verdict = "stopped"
+                node.verdict = role_verdict
+        self.finish = self._judged(Finish(code, verdict, problem))
+        actions: list[Action] = []
+        if still:
+            actions.append(Stop(tuple(still), force=force))
+        actions.append(self.finish)
+        return actions
+
+
+    def _judged(self, finish: Finish) -> Finish:
+        """The verdict of a drilled run: what the training did, against what the drill expected."""
+        if not self.drills or finish.verdict == "interrupted":
+            return finish
+        drill = self.drills.names()
+        missed = self.drills.missed()
+        if self.plan.expect and missed:
+            return Finish(1, "missed", f"the drill did not happen: {drill} (the training ended first)")
+        survived = finish.verdict == "ok"
+        if self.plan.expect == "fail":
+            if survived:
+                return Finish(1, "survived", f"the training finished despite the drill ({drill}); it was "
+                                             "expected to fail")
+            return Finish(0, "ok", f"as expected, the drill broke the training: {finish.problem} ({drill})")
+        if survived:
+            return Finish(0, "ok", None)
+        return Finish(finish.exit_code, finish.verdict, f"{finish.problem} (the drill: {drill})")
+
+
+def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | None = None,
+             restarts: int = 0, ready_timeout_s: float = 120.0, faults: tuple[Fault, ...] = (),
+             expect: str | None = None) -> RunPlan:
+    """The run state machine's plan for `task` on `lab`."""
+    servers, sidecars, finishers = start_order(lab, task)
+    return RunPlan(
+        servers=tuple(n.name for n in servers),
+        sidecars=tuple(n.name for n in sidecars),
+        finishers=tuple(n.name for n in finishers),
+        chief=lab.chief.name,
+        grace_s=grace_s,
+        timeout_s=timeout_s,
+        ready_timeout_s=ready_timeout_s,
+        restarts=restarts,
+        task_index={n.name: n.task_index for n in lab.nodes if n.job == "worker"},
+        memory_limits={n.name: memory_text(n.machine.memory_mib) for n in lab.nodes if n.machine.memory_mib},
+        faults=faults,
+        expect=expect,
+        gang_restart=not servers,
+    )
+
+
+def exec_plan(lab: Lab, task: Task, node: str, grace_s: float | None = None) -> RunPlan:
+    """The rules one `tflab exec` of a worker is judged by: the run's, for that worker alone.
+
+    Its chief runs in another exec (or is this node); with `grace_s`, a worker still waiting
+    that long after the chief's exec finished is stopped, else it is only reported.
+    """
+    whole = run_plan(lab, task, grace_s=30.0 if grace_s is None else grace_s)
+    return RunPlan(servers=(), finishers=(node,), chief=whole.chief, grace_s=whole.grace_s,
+                   task_index=whole.task_index, stop_hung=grace_s is not None, memory_limits=whole.memory_limits)

@@ -1,0 +1,79 @@
+"""One `tflab run TASK`, put together: its folder, its record, the launcher, and the cluster watched beside it.
+
+The command line hands in where the output goes (a sink that prints) and the signals; the
+rest is here: a fresh (or resumed) run folder, run.json kept up to date, the cluster's figures
+written for TensorBoard while the launcher runs the task, and the verdict with the host's
+note when the host set the pace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from tflab.engine.executors import Executor
+from tflab.host.labfiles import LabFiles
+from tflab.plan import tasks
+from tflab.plan.config import Task
+from tflab.run import history
+from tflab.run.cluster import ClusterWatch
+from tflab.run.launcher import Injector, Launcher, RunResult, RunSetup, Sink
+from tflab.run.machine import RunPlan
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `tflab run` was asked for beyond the task."""
+
+    resume: bool = False
+    detached: bool = False
+    metrics: bool = True  # the cluster's figures, written for TensorBoard
+
+
+class TaskRun:
+    """A run of one task on a lab, from its folder to its verdict."""
+
+    def __init__(self, lf: LabFiles, executor: Executor, definition: Task, plan: RunPlan, options: RunOptions,
+                 make_sink: Callable[[IO[str]], Sink], injector: Injector | None = None) -> None:
+        self.lf = lf
+        self.options = options
+        self.folder = history.fresh_run_dir(lf.runs_dir, definition.name, options.resume)
+        self.record = history.RunRecord(self.folder, definition.name, options.detached, time.time())
+        self.output_log = (self.folder / history.OUTPUT_FILE).open("a")
+        self.sink = make_sink(self.output_log)
+        self.launcher = Launcher(
+            executor, plan,
+            RunSetup(definition.name, tasks.commands(lf.lab, definition), tasks.task_env(definition.name),
+                     self.folder / history.LOG_DIR, preload=definition.preload, warm=lf.warm,
+                     progress=definition.progress),
+            self.sink, on_state=lambda state, machine: self.record.write(state, machine), injector=injector,
+        )
+        host_cpus = len(lf.config.host.cpus) or 1
+        self.watch = (ClusterWatch(executor, lf.lab, self.folder, self.launcher.machine, host_cpus)
+                      if options.metrics else None)
+
+    def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
+        """Stop the run (safe in a signal handler)."""
+        self.launcher.interrupt(reason, force)
+
+    def execute(self) -> tuple[RunResult, dict[str, Any]]:
+        """Run to the verdict; (the result, run.json as written at the end)."""
+        try:
+            if self.watch is not None:
+                self.watch.start()
+            try:
+                result = self.launcher.execute()
+            finally:
+                note = self.watch.stop() if self.watch is not None else None
+            data = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
+                                     note=note)
+            return result, data
+        finally:
+            self.output_log.close()
+
+    @property
+    def cluster_dir(self) -> Path | None:
+        return self.watch.folder if self.watch is not None else None
