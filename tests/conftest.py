@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import typer.main
 from click.testing import CliRunner
 
-from tflab import engine
 from tflab.cli import app
-from tflab.ports import port_free
-import typer.main
+from tflab.engine import daemon
+from tflab.host.ports import port_free
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def compose_argv() -> list[str]:
     """The compose v2 CLI; its absence fails the tests in CI (skip elsewhere)."""
     try:
-        return engine.find_compose()
+        return daemon.find_compose()
     except Exception as exc:  # noqa: BLE001 - any failure to find compose is the same verdict
         missing(f"no compose v2: {exc}")
 
@@ -81,9 +81,15 @@ def compose_argv() -> list[str]:
 def docker_client():
     """The engine; missing is a failure, not a skip."""
     try:
-        return engine.client()
+        client = daemon.client()
     except Exception as exc:  # noqa: BLE001
         missing(f"no Docker Engine: {exc}")
+    if client.containers.list(all=True, filters={"label": "tflab.fixture=two-hosts"}):
+        # An interrupted two-host walk left host b and its two-node swarm: every swarm test would
+        # meet a swarm that needs a registry. The fixture's own `down` removes exactly what it made.
+        subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "down"],
+                       capture_output=True, timeout=300)
+    return client
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +112,7 @@ class LabFactory:
 
     def gen(self, *args: str, nodes: int = 4, name: str | None = None, code: Path | None = None,
             data: Path | None = None) -> Path:
-        from tflab import labfiles
+        from tflab.host import labfiles
 
         lab = self.root / (name or f"lab-{uuid.uuid4().hex[:8]}")
         count = nodes + 2
@@ -126,7 +132,7 @@ class LabFactory:
         return lab
 
     def cleanup(self) -> None:
-        from tflab import lab as lab_ops
+        from tflab.engine import compose_lab as lab_ops
 
         for project in self.projects:
             # Swarm labs are stacks: their services carry the label too (when this engine is a swarm).
