@@ -46,6 +46,11 @@ def test_the_wheel_carries_every_file_tflab_needs(wheel_venv: Path) -> None:
                    "tflab/examples/data/digits.npz", "tflab/schemas/tfjob-kubeflow.org-v1.schema.json",
                    "tflab/cli/app.py"):
         assert needed in names, needed
+    shipped = [p for folder in ("tflab", "images/node", "templates") for p in (REPO / folder).rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")]
+    in_wheel = {"tflab/" + str(p.relative_to(REPO)) if not p.is_relative_to(REPO / "tflab") else
+                str(p.relative_to(REPO)) for p in shipped}
+    assert sorted(in_wheel - names) == []  # every module, guard part, node script (fault.sh) and template
     assert not [n for n in names if "__pycache__" in n]
 
 
