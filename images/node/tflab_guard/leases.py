@@ -24,14 +24,20 @@ def hold(args):
         handle.write("%d %s\n" % (os.getpid(), registry.start_time(os.getpid())))
     print("holding", flush=True)
     try:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-    except (OSError, ValueError):
-        pass
+        until_stop()
     finally:
         registry.unlink(path)
     return 0
+
+
+def until_stop():
+    """Return when tflab's connection (this process's stdin) says `stop` or ends."""
+    try:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                return
+    except (OSError, ValueError):
+        pass
 
 
 def held(args):

@@ -8,9 +8,10 @@ cumulative; tflab turns two of them into rates.
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
+
+from tflab_guard import leases
 
 CGROUP = os.environ.get("TFLAB_CGROUP_ROOT", "/sys/fs/cgroup")  # tests point it elsewhere
 UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
@@ -134,12 +135,7 @@ def metrics(args):
     stopped = threading.Event()
 
     def watch():
-        try:
-            for line in sys.stdin:
-                if line.strip() == "stop":
-                    break
-        except (OSError, ValueError):
-            pass
+        leases.until_stop()
         stopped.set()
 
     if not args.count:
