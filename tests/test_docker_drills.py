@@ -49,7 +49,7 @@ def drill_lab(labs, runner) -> Path:
     return lab
 
 
-def test_a_parameter_server_job_survives_a_lost_worker(labs, runner, docker_client) -> None:
+def test_a_parameter_server_job_survives_a_lost_worker_and_a_rebooted_one(labs, runner, docker_client) -> None:
     lab = labs.gen("--chief", nodes=3)
     assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
     done = run(lab, "ps_strategy", "--fault", "kill worker1 at step 50 then restart", "--expect", "survive")
@@ -60,6 +60,12 @@ def test_a_parameter_server_job_survives_a_lost_worker(labs, runner, docker_clie
     drill = record(lab, "ps_strategy")["faults"][0]
     assert drill["hit_step"] >= 50 and drill["back_s"] > drill["hit_s"]
     assert re.search(r"│ kill\s+│ step 50 │", done.stdout) and "back at" in done.stdout
+    assert record(lab, "ps_strategy")["nodes"]["worker1"]["attempt"] == 2
+    nothing_left(lab, docker_client)
+    rebooted = run(lab, "ps_strategy", "--fault", "restart worker1 at step 50", "--expect", "survive")
+    assert rebooted.returncode == 0, rebooted.stdout[-4000:]
+    assert "tflab: drill: restarted worker1 (a reboot" in rebooted.stdout
+    assert "tflab: worker1 starts again (attempt 2)" in rebooted.stdout
     assert record(lab, "ps_strategy")["nodes"]["worker1"]["attempt"] == 2
     nothing_left(lab, docker_client)
 

@@ -169,3 +169,36 @@ def test_a_whole_restart_waits_for_the_last_worker_whichever_comes_last() -> Non
                    Exited("worker1", None, 5.2, "its container stopped")])
     assert not [a for a in feed(machine, [Revived("worker1", 6.0)]) if isinstance(a, Start)], "worker0 still runs"
     assert Start(("worker0", "worker1"), attempt=2) in feed(machine, [Exited("worker0", 1, 7.0)])
+
+
+def test_a_kill_whose_exit_is_seen_before_the_injector_answers_is_still_the_drills() -> None:
+    """The killed node's stream ends while `docker kill` returns: that exit is the drill's, never a failure."""
+    machine = started(ps_plan("kill worker1 at step 50 then restart", expect="survive"))
+    assert feed(machine, [Output("worker0", 6.0, 50)]) == [Inject(0)]
+    assert feed(machine, [Exited("worker1", 137, 6.05)]) == [], "held until the injector answers"
+    actions = feed(machine, [Injected(0, 6.1, "killed worker1 (its machine)")])
+    assert Revive("worker1") in actions and not any(isinstance(a, (Finish, Stop)) for a in actions), actions
+    assert machine.nodes["worker1"].verdict == "killed"
+    assert Start(("worker1",), attempt=2) in feed(machine, [Revived("worker1", 9.0)])
+    actions = feed(machine, [Exited("worker0", 0, 20.0), Exited("worker2", 0, 20.5), Exited("worker1", 0, 21.0)])
+    assert Finish(0, "ok", None) in actions
+
+
+def test_an_exit_held_for_a_drill_that_could_not_be_done_is_a_failure_after_all() -> None:
+    machine = started(ps_plan("kill worker1 at step 50"))
+    feed(machine, [Output("worker0", 6.0, 50), Exited("worker1", 1, 6.05)])
+    actions = feed(machine, [Injected(0, 6.1, error="no such container")])
+    assert machine.nodes["worker1"].verdict == "failed"
+    assert any(isinstance(a, Finish) and a.exit_code == 1 for a in actions), actions
+
+
+@pytest.mark.parametrize("exit_first", [True, False])
+def test_a_rebooted_node_starts_again_whichever_comes_first(exit_first: bool) -> None:
+    machine = started(ps_plan("restart worker1 at step 50", expect="survive"))
+    assert feed(machine, [Output("worker0", 6.0, 50)]) == [Inject(0)]
+    events = [Exited("worker1", 137, 6.05), Injected(0, 8.0, "rebooted worker1")]
+    actions = feed(machine, events if exit_first else events[::-1])
+    assert Start(("worker1",), attempt=2) in actions, actions
+    assert machine.nodes["worker1"].verdict == "running"
+    actions = feed(machine, [Exited("worker0", 0, 20.0), Exited("worker2", 0, 20.5), Exited("worker1", 0, 21.0)])
+    assert Finish(0, "ok", None) in actions

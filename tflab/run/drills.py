@@ -89,7 +89,7 @@ class Drills:
         """The fault that ended `node`'s processes (kill, stop, restart), if one hit it and it is not back."""
         for state in self.states:
             if state.fault.node == node and state.fault.action in ENDS_PROCESS and state.hit_t is not None \
-                    and state.back_t is None:
+                    and state.error is None and state.back_t is None:
                 return state
         return None
 

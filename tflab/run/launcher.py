@@ -253,6 +253,8 @@ class Launcher:
     def _drill(self, action: Inject | Heal | Revive) -> None:
         """Do a drill's step through the injector; the machine hears how it went."""
         if self.injector is None:
+            if isinstance(action, Inject):  # the machine holds the node's exit until it hears
+                self.events.put(Injected(action.index, self.clock(), error="this run has no fault injector"))
             return
         faults = self.plan.faults
         try:

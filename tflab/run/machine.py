@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from tflab.engine.guardcmd import OOM
 from tflab.plan import progress
 from tflab.plan.config import Task
-from tflab.plan.faults import Fault
+from tflab.plan.faults import ENDS_PROCESS, Fault
 from tflab.plan.machines import memory_text
 from tflab.plan.tasks import start_order
 from tflab.plan.topology import GRPC_PORT, Lab
@@ -259,6 +259,9 @@ class RunMachine:
         self.run_step: int | None = None  # the furthest step a finisher reported
         self.down: set[str] = set()  # nodes whose machine a fault took down (waiting to be revived)
         self.reviving: set[str] = set()
+        self.injecting: dict[str, int] = {}  # node -> the fault being done to its machine (no answer yet)
+        self.held_exits: dict[str, Exited] = {}  # exits seen while their node's fault was being done
+        self.rebooted: set[str] = set()  # nodes rebooted by the drill whose old process's end is awaited
         self.gang: set[str] = set()  # finishers being stopped for a restart of them all
         self.gang_restarts = 0
 
@@ -273,6 +276,11 @@ class RunMachine:
         if isinstance(event, Serving):
             return self._serving(event)
         if isinstance(event, Exited):
+            if event.node in self.injecting:
+                # The node's stream ended while its machine is being killed: whose doing that was is
+                # known when the injector answers (its `docker kill` returns after the stream ends).
+                self.held_exits[event.node] = event
+                return []
             return self._exited(event)
         if isinstance(event, PeerEnded):
             return self._peer_ended(event)
@@ -369,6 +377,10 @@ class RunMachine:
         node.reason = event.reason
         if event.node in self.gang and not self.finished:
             return self._gang_member_ended(node, event)
+        if event.node in self.rebooted:
+            self.rebooted.discard(event.node)
+            node.verdict, node.reason = "rebooted", "by the drill"
+            return self._restart_after_drill(event.node, event.t)
         if node.verdict not in ("running", "held"):
             # Stopped on purpose (served, stopped, hung, interrupted ...): the verdict stands.
             return self._maybe_done()
@@ -419,23 +431,40 @@ class RunMachine:
         if self.finished or not self.drills:
             return []
         released = self.began if not self.plan.servers else self._released_t
-        return [Inject(i) for i in self.drills.due(t, released if self.released else None, self.run_step)]
+        due = self.drills.due(t, released if self.released else None, self.run_step)
+        for index in due:
+            fault = self.drills.states[index].fault
+            if fault.action in ENDS_PROCESS:
+                self.injecting[fault.node] = index
+        return [Inject(i) for i in due]
 
     def _injected(self, event: Injected) -> list[Action]:
         state = self.drills.states[event.index]
         self.drills.hit(event.index, event.t, self.run_step, self._steps(), event.done, event.error)
         fault = state.fault
+        if self.injecting.get(fault.node) == event.index:
+            del self.injecting[fault.node]
+        held = self.held_exits.pop(fault.node, None)
         if event.error is not None:
-            return [Say(f"drill: {fault.describe()} could not be done: {event.error}")]
+            said: list[Action] = [Say(f"drill: {fault.describe()} could not be done: {event.error}")]
+            return said + (self._exited(held) if held is not None else [])  # an exit of its own, then
         actions: list[Action] = [Say(f"drill: {event.done} at {describe(state).split(' at ', 1)[1]}")]
         if fault.action in ("kill", "stop"):
             self.down.add(fault.node)
             if fault.then_restart:
                 self.reviving.add(fault.node)
                 actions.append(Revive(fault.node))
-        elif fault.action == "restart":
-            self.down.add(fault.node)  # its process ends with the reboot; it starts again once that is seen
+            return actions + (self._exited(held) if held is not None else [])
+        if fault.action == "restart":
+            # The injector answers once the machine is up again: its process starts again as soon as
+            # the old one is seen gone (now, if it was, or when it is).
+            self.down.add(fault.node)
+            if held is not None:
+                actions += self._exited(held)
             self.drills.back(fault.node, event.t)
+            self.down.discard(fault.node)
+            if self.nodes[fault.node].ended is None:
+                self.rebooted.add(fault.node)
             actions += self._restart_after_drill(fault.node, event.t)
         return actions
 
