@@ -43,6 +43,7 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfla
 STATE = CACHE / "state.json"
 NAME = "tflab-host-b"
 LABEL = "tflab.fixture=two-hosts"
+GWBRIDGE = "docker_gwbridge"  # made by the engine at `swarm init`, and left by `swarm leave`
 # Every capability the engine knows but CAP_SYS_RESOURCE (refused by some sandboxes).
 CAPS = ("AUDIT_CONTROL AUDIT_READ AUDIT_WRITE BLOCK_SUSPEND CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID "
         "IPC_LOCK IPC_OWNER KILL LEASE LINUX_IMMUTABLE MAC_ADMIN MAC_OVERRIDE MKNOD NET_ADMIN NET_BIND_SERVICE "
@@ -159,6 +160,8 @@ def undo(made: list[str]) -> None:
     if "swarm" in made:
         in_b("docker", "swarm", "leave", "--force", check=False, timeout=60)
         sh("docker", "swarm", "leave", "--force", check=False)
+    if "gwbridge" in made:
+        sh("docker", "network", "rm", GWBRIDGE, check=False)
     if "host b" in made:
         sh("docker", "rm", "-f", "-v", NAME, check=False)
     shutil.rmtree(CACHE / "engine" / str(os.getpid()), ignore_errors=True)
@@ -198,8 +201,9 @@ def make(args: argparse.Namespace, made: list[str]) -> None:
     wait_for(answers, f"the registry did not answer at {registry}", 60)
     address = docker0()
     say(f"making this engine a swarm manager at {address}; host b joins it")
+    gwbridge = sh("docker", "network", "inspect", GWBRIDGE, check=False).returncode != 0
     sh("docker", "swarm", "init", "--advertise-addr", address)
-    made.append("swarm")
+    made += ["swarm", *(["gwbridge"] if gwbridge else [])]  # the engine makes that bridge for a swarm
     token = sh("docker", "swarm", "join-token", "-q", "worker").stdout.strip()
     in_b("docker", "swarm", "join", "--token", token, f"{address}:2377")
     here = sh("docker", "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
@@ -207,7 +211,7 @@ def make(args: argparse.Namespace, made: list[str]) -> None:
     sh("docker", "node", "update", "--label-add", "tflab.host=a", here)
     sh("docker", "node", "update", "--label-add", "tflab.host=b", there)
     state = {"registry": registry, "share": str(share), "container": NAME, "manager": address,
-             "hosts": {"a": here, "b": there}}
+             "hosts": {"a": here, "b": there}, "made_gwbridge": gwbridge}
     Path(args.state).parent.mkdir(parents=True, exist_ok=True)
     Path(args.state).write_text(json.dumps(state, indent=1))
     say(f"ready: hosts a (this engine) and b ({NAME}), labelled tflab.host=a and =b; registry {registry}; "
@@ -216,12 +220,15 @@ def make(args: argparse.Namespace, made: list[str]) -> None:
 
 def down(args: argparse.Namespace) -> None:
     made = Path(args.state).is_file()  # only a swarm this fixture made is left (never one of the user's)
+    gwbridge = made and json.loads(Path(args.state).read_text()).get("made_gwbridge", False)
     if sh("docker", "inspect", NAME, check=False).returncode == 0:
         made = True
         in_b("docker", "swarm", "leave", "--force", check=False, timeout=60)
     swarm = json.loads(sh("docker", "info", "--format", "{{json .Swarm}}").stdout)
     if made and swarm.get("LocalNodeState") == "active":
         sh("docker", "swarm", "leave", "--force")
+    if gwbridge:
+        sh("docker", "network", "rm", GWBRIDGE, check=False)
     sh("docker", "rm", "-f", "-v", NAME, check=False)
     shutil.rmtree(CACHE / "engine", ignore_errors=True)
     if args.purge:

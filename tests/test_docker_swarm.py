@@ -19,11 +19,14 @@ def swarm(docker_client):
     """This engine as a one-node swarm; left again afterwards if this test made it one."""
     state = (docker_client.info().get("Swarm") or {}).get("LocalNodeState")
     made = state != "active"
+    gwbridge = not docker_client.networks.list(names=["docker_gwbridge"])  # the engine makes it at init
     if made:
         subprocess.run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], check=True, capture_output=True)
     yield docker_client
     if made:
         subprocess.run(["docker", "swarm", "leave", "--force"], check=True, capture_output=True)
+        if gwbridge:
+            subprocess.run(["docker", "network", "rm", "docker_gwbridge"], capture_output=True)
 
 
 def complete_checkpoint(run_dir: Path) -> bool:

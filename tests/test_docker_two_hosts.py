@@ -98,6 +98,7 @@ def test_the_readme_two_host_walk_spans_two_engines_and_leaves_nothing(tmp_path,
         ["python", "scripts/two_hosts.py", "down"]], walk_lines
     fixture_up, gen, up, images, train, train_ssh, hostname, status, down, fixture_down = walk_lines
     walk = Walk(tmp_path / "labs", free_port())
+    had_gwbridge = bool(docker_client.networks.list(names=["docker_gwbridge"]))
     lab = walk.share / "two-hosts"
     project = templates.project_name(walk.name, lab)
     try:
@@ -161,6 +162,8 @@ def test_the_readme_two_host_walk_spans_two_engines_and_leaves_nothing(tmp_path,
     assert subprocess.run(["docker", "inspect", HOST_B], capture_output=True).returncode != 0
     assert (docker_client.info().get("Swarm") or {}).get("LocalNodeState") == "inactive"
     assert not walk.state.exists()
+    if not had_gwbridge:
+        assert not docker_client.networks.list(names=["docker_gwbridge"]), "the swarm's bridge is left"
 
 
 def refused_before_anything_is_made(walk: Walk, client, gen: str) -> None:
