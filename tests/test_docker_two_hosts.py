@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -40,12 +39,6 @@ def readme_walk() -> list[str]:
     text = (REPO / "README.md").read_text()
     block = next(b for b in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.DOTALL | re.MULTILINE) if "scripts/two_hosts.py up" in b)
     return [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines() if line.strip()]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Walk:
@@ -97,7 +90,7 @@ def test_the_readme_two_host_walk_spans_two_engines_and_leaves_nothing(tmp_path,
         ["tflab", "exec", "worker2"], ["tflab", "status", "--lab"], ["tflab", "down", "--lab"],
         ["python", "scripts/two_hosts.py", "down"]], walk_lines
     fixture_up, gen, up, images, train, train_ssh, hostname, status, down, fixture_down = walk_lines
-    walk = Walk(tmp_path / "labs", free_port())
+    walk = Walk(tmp_path / "labs", free_port_base(1))
     had_gwbridge = bool(docker_client.networks.list(names=["docker_gwbridge"]))
     lab = walk.share / "two-hosts"
     project = templates.project_name(walk.name, lab)
@@ -172,7 +165,7 @@ def refused_before_anything_is_made(walk: Walk, client, gen: str) -> None:
         ("nowhere", ("worker2=b", "worker2=c"),
          "tflab: error: no swarm node is labelled tflab.host=c; label the node that should run it: "
          "docker node update --label-add tflab.host=c NODE"),
-        ("silent", (f"127.0.0.1:{walk.port}", f"127.0.0.1:{free_port()}"), "does not answer (ConnectionError)"),
+        ("silent", (f"127.0.0.1:{walk.port}", f"127.0.0.1:{free_port_base(1)}"), "does not answer (ConnectionError)"),
     ):
         lab, name = walk.share / folder, f"t{uuid.uuid4().hex[:10]}"
         argv = [new if arg == old else str(lab) if arg == str(walk.share / "two-hosts") else arg
