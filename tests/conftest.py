@@ -139,7 +139,7 @@ class LabFactory:
             if self.client.info().get("Swarm", {}).get("ControlAvailable"):
                 subprocess.run(["docker", "stack", "rm", project], capture_output=True)
                 for _ in range(120):
-                    if not self.client.containers.list(all=True, filters={"label": f"tflab.lab={project}"}):
+                    if not self.client.containers.list(all=True, filters={"label": f"tflab.lab={project}"}, ignore_removed=True):
                         break
                     time.sleep(0.5)
             lab_ops.down(project, self.client)

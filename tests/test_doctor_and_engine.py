@@ -108,3 +108,30 @@ def test_a_base_is_pulled_by_its_whole_name_and_a_failure_names_its_registry(ref
     message = str(failed.value)
     assert message.startswith(advice)
     assert ("--base local" in message) is (ref.startswith("tensorflow/")), "local is advice only where no registry was named"
+
+
+class _Vanishing:
+    """A docker SDK collection as the engine answers it while a swarm removes its tasks' containers:
+    listed, then gone before the SDK inspects it (what failed `down` in CI with "No such container")."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict] = []
+
+    def list(self, all: bool = False, filters: dict | None = None, ignore_removed: bool = False, **_kw):
+        self.asked.append({"filters": filters, "ignore_removed": ignore_removed})
+        if not ignore_removed:
+            import docker.errors
+
+            raise docker.errors.NotFound("No such container: 7e1c56b8bae4")
+        return []
+
+
+def test_down_is_not_failed_by_a_container_removed_while_it_is_listed() -> None:
+    from types import SimpleNamespace
+
+    from tflab.engine import compose_lab
+
+    containers = _Vanishing()
+    client = SimpleNamespace(containers=containers, networks=SimpleNamespace(list=lambda **_kw: []))
+    assert compose_lab.down("tfrace", client) == (0, 0)
+    assert containers.asked == [{"filters": {"label": "tflab.lab=tfrace"}, "ignore_removed": True}]

@@ -16,6 +16,7 @@ from tflab.engine.backend import NodeState
 from tflab.engine.builds import BuildResult, Progress, image_exists
 from tflab.engine.containers import (
     lab_containers,
+    labelled,
     log_lines,
     probe_links,
     state_of,
@@ -159,7 +160,7 @@ def down(project: str, client: docker.DockerClient) -> tuple[int, int]:
     """Remove every container and network labelled with the lab's project; (containers, networks)."""
     label = {"label": f"tflab.lab={project}"}
     try:
-        containers = client.containers.list(all=True, filters=label)
+        containers = labelled(client, label["label"])
         parallel(_remove, containers, name="remove")
         networks = client.networks.list(filters=label)
         for network in networks:

@@ -27,6 +27,7 @@ import docker.errors
 import docker.types
 from docker.models.containers import Container
 
+from tflab.engine.containers import labelled
 from tflab.errors import EngineError, UserError
 from tflab.host.fanout import parallel
 
@@ -192,7 +193,7 @@ def start(client: docker.DockerClient, doc: dict[str, Any], lab_dir: Path, proje
         ensure_network(client, f"{project}_{key}", key, project, {str(k): str(v) for k, v in
                                                                   ((network or {}).get("labels") or {}).items()})
     existing = {c.labels.get("com.docker.compose.service"): c for c in
-                client.containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"})}
+                labelled(client, f"com.docker.compose.project={project}")}
     for name, container in existing.items():
         if name not in {s.name for s in wanted}:
             container.remove(force=True)

@@ -14,10 +14,18 @@ from tflab.errors import EngineError
 from tflab.host.fanout import merged
 
 
+def labelled(client: docker.DockerClient, label: str) -> list[Container]:
+    """Every container (running or not) with `label`, leaving out any removed while they were listed.
+
+    The SDK lists, then inspects each container; one that a swarm or `compose` removes in
+    between would otherwise fail the whole call with "No such container".
+    """
+    return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
+
+
 def lab_containers(client: docker.DockerClient, project: str) -> dict[str, Container]:
     """The lab's containers by node name, found by the lab's label (running or not)."""
-    found = client.containers.list(all=True, filters={"label": f"tflab.lab={project}"})
-    return {c.labels.get("tflab.node", c.name): c for c in found}
+    return {c.labels.get("tflab.node", c.name): c for c in labelled(client, f"tflab.lab={project}")}
 
 
 def state_of(container: Container) -> tuple[str, str]:

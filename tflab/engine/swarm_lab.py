@@ -26,7 +26,7 @@ from tflab.engine import copying
 from tflab.engine.backend import NodeState
 from tflab.engine.builds import Progress
 from tflab.engine.compose_lab import interactive_exec
-from tflab.engine.containers import lab_containers, lines_of, state_of
+from tflab.engine.containers import lab_containers, labelled, lines_of, state_of
 from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
 from tflab.engine.guardcmd import warm_up
 from tflab.errors import CommandError, EngineError, TflabError, UserError
@@ -211,7 +211,7 @@ class SwarmLab:
                 raise EngineError(f"docker stack rm {self.stack} failed: {exc.output.strip()}") from exc
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while time.monotonic() < deadline:
-            left = (self.client.services.list(filters=label) or self.client.containers.list(all=True, filters=label)
+            left = (self.client.services.list(filters=label) or labelled(self.client, label["label"])
                     or self.client.networks.list(filters=label))
             if not left:
                 break
