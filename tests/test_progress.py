@@ -25,7 +25,14 @@ from tflab.plan.progress import ProgressReader, Reading, node_rate, rate
     # not progress
     ("data: digits, 1437 training and 360 test examples of 64 features", None),
     ("WARNING:tensorflow:From train.py:12: StopAtStepHook", None),
-    ("8/8 - 0s - 11ms/step", None),
+    ("8/8 - 0s - 11ms/step", None),  # Keras' evaluate: no `Epoch` line before it
+    # other steps than the training's (issue 30.4)
+    ("INFO:tensorflow:Loss for final step: 0.25.", None),
+    ("Skipping step 5", None),
+    ("max step: 1000", None),
+    ("Evaluation step: 3 of 100", None),
+    ("step: 0.001 learning rate", None),
+    ("Step 12/100: loss 3.1", Reading(step=12)),
 ])
 def test_single_lines(line: str, reading: Reading | None) -> None:
     assert ProgressReader().read(line) == reading
@@ -49,7 +56,9 @@ def test_keras_epochs_and_progress_bars_count_every_batch() -> None:
 
 def test_a_line_rewritten_in_place_counts_by_its_last_update() -> None:
     line = "  1/469 [....] - ETA: 4s\r 50/469 [==>.] - ETA: 3s\r120/469 [===>] - ETA: 2s"
-    assert ProgressReader().read(line) == Reading(step=120)
+    reader = ProgressReader()
+    assert reader.read("Epoch 1/5") is None
+    assert reader.read(line) == Reading(step=120)
 
 
 def test_a_tasks_own_pattern_comes_first() -> None:
@@ -84,3 +93,43 @@ def test_a_bar_rewritten_in_place_is_read_as_it_moves() -> None:
     reader = ProgressReader()
     assert [r.step for r in map(reader.read, seen) if r] == [1, 2, 3], "each rewrite is read when it comes"
     assert [line for chunk in chunks for line in lines.feed(chunk)][0] == "Epoch 1/1"
+
+
+def test_keras_verbose_2_unknown_lengths_and_evaluate_after_fit() -> None:
+    reader = ProgressReader()
+    lines = [
+        "Epoch 1/3",
+        "120/Unknown - 5s 40ms/step - loss: 0.31",  # a dataset of unknown length: its first epoch
+        "Epoch 2/3",
+        "120/120 - 2s - loss: 0.1020 - accuracy: 0.9688 - 2s/epoch - 15ms/step",  # verbose=2
+        "Epoch 3/3",
+        "120/120 - 1s - 9ms/step - accuracy: 0.97 - loss: 0.09",  # Keras 3's verbose=2
+        "12/12 [==============================] - 0s 3ms/step - loss: 0.12 - accuracy: 0.96",  # evaluate
+    ]
+    assert [reader.read(line) for line in lines] == [
+        None, Reading(step=120), None, Reading(step=240), None, Reading(step=360), None]
+
+
+def test_tqdm_and_lightning_bars() -> None:
+    tqdm = ProgressReader()
+    assert tqdm.read(" 45%|████▌     | 450/1000 [00:05<00:06, 90.00it/s]") == Reading(step=450)
+    assert tqdm.read("100%|██████████| 1000/1000 [00:11<00:00, 89.12it/s]") == Reading(step=1000)
+    lightning = ProgressReader()
+    assert lightning.read("Epoch 0:  45%|████▌     | 45/100 [00:05<00:06,  9.00it/s, v_num=0]") == Reading(step=45)
+    assert lightning.read("Epoch 1:  10%|█         | 10/100 [00:01<00:09,  9.00it/s, v_num=0]") == Reading(step=110)
+
+
+@pytest.mark.parametrize(("line", "noise"), [
+    ("I0000 00:00:1732478341.123456  123 cpu_feature_guard.cc:210] This TensorFlow binary is optimized", True),
+    ("W1124 21:59:01.123456  140 grpc_server_lib.cc:301] Started server", True),
+    ("2023-11-24 21:59:01.123456: I tensorflow/core/util/port.cc:113] oneDNN custom operations are on.", True),
+    ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", True),
+    # a program's own absl records (absl.app.run, tf.compat.v1.app.run) are its output (issue 30.5)
+    ("I1124 21:59:01.123456 140234 prog.py:14] test accuracy 0.98", False),
+    ("I1124 21:59:01.123456 140234 basic_session_run_hooks.py:262] loss = 0.31, step = 5", False),
+    ("E1124 21:59:01.123456  140 master.cc:301] the server went away", False),  # errors stay
+])
+def test_tensorflows_cpp_chatter_is_noise_and_a_programs_own_records_are_not(line: str, noise: bool) -> None:
+    from tflab.plan.progress import is_noise
+
+    assert is_noise(line) is noise

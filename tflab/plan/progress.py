@@ -6,8 +6,9 @@ The lines people's programs really print, each giving a step (or a rate):
 - the classic books' `After 100 training steps (100 global steps), loss on training batch is 0.71`
   (the global step counts)
 - TF1's hooks' `global_step/sec: 123.4` (a rate, as it is)
-- Keras' `Epoch 2/5` and then `120/469 [=====>....]` or `120/469 ━━━━━━━━` (step = the batches
-  of the epochs before, and this one's)
+- Keras' `Epoch 2/5` and then `120/469 [=====>....]`, `120/469 ━━━━━━━━` or `469/469 - 2s - loss: …`
+  (step = the batches of the epochs before, and this one's); tqdm's and Lightning's bars
+  (`Epoch 3:  45%|████▌ | 450/1000 [00:05<…]`)
 - a task's own pattern (tflab.yaml `progress: REGEX`), with a named group `step` or `rate`
 
 The late-worker rule, the steps/s of the run summary and the cluster metrics all read steps here.
@@ -19,17 +20,36 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-STEP_PATTERN = re.compile(r"\bstep[ =:#]+(\d+)", re.IGNORECASE)
+STEP_PATTERN = re.compile(r"\bstep[ =:#]+(\d+)(?![\d.]*\d)", re.IGNORECASE)  # not `step: 0.001`
+# `step` after these words names some other step: `max step: 1000`, `Skipping step 5`,
+# `Evaluation step: 3 of 100`, `Loss for final step: 0.25.`
+NOT_A_STEP = re.compile(r"\b(?:max(?:imum)?|min(?:imum)?|skip(?:ping|ped)?|eval(?:uation)?|final|total|last|"
+                        r"first|warm-?up|decay|per|each|every|save[ds]?)[ _]+step\s*$", re.IGNORECASE)
 BOOK_PATTERN = re.compile(r"\bAfter (\d+) training steps? \((\d+) global steps?\)", re.IGNORECASE)
 RATE_PATTERN = re.compile(r"\bglobal_step/sec: ([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)")
 EPOCH_PATTERN = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # Keras 3 colours its bar even into a pipe
-KERAS_BAR = re.compile(r"^\s*(\d+)/(\d+)\s+(?:\[[=>.]*\]|[━─]+)")
-# TensorFlow's start-up noise: absl's pre-init warning and glog-style INFO/WARNING lines
-# printed before logging is set up (they ignore TF_CPP_MIN_LOG_LEVEL). Errors stay.
+# Keras' batch counter: a bar (verbose=1), or `469/469 - 2s - loss: …` (verbose=2), the total
+# `Unknown` while the first epoch of a dataset of unknown length runs.
+KERAS_BAR = re.compile(r"^\s*(\d+)/(\d+|Unknown)\s+(?:\[[=>.]*\]|[━─]+|-\s+\d)")
+# tqdm's bars, and PyTorch Lightning's (`Epoch 3:  45%|████▌     | 450/1000 [00:05<00:06, 90.0it/s]`)
+TQDM_BAR = re.compile(r"^\s*(?:Epoch (\d+):)?.*?\|\s*(\d+)/(\d+|\?)\s*\[")
+
+
+def cpp_record(levels: str) -> re.Pattern[str]:
+    """A record TensorFlow's C++ side logs at one of `levels` (`IWEF`): glog's `I1124 21:59:01.1 123 file.cc:14] `,
+    or the older `2024-11-24 21:59:01.123456: I tensorflow/…/file.cc:14] `. Only C/C++ source names:
+    a Python program's own absl records (`prog.py:14]`) are its output."""
+    source = r"[\w./+-]+\.(?:cc|c|cpp|cxx|h|hpp):\d+\] "
+    return re.compile(rf"^(?:[{levels}]\d{{4}} \d\d:\d\d:\d+\.\d+\s+\d+ |"
+                      rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [{levels}] ){source}")
+
+
+# TensorFlow's start-up noise: absl's pre-init warning and the C++ side's INFO/WARNING records
+# (printed whatever TF_CPP_MIN_LOG_LEVEL says, before logging is set up). Errors stay.
 NOISE = (
     re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"),
-    re.compile(r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w./-]+:\d+\] "),
+    cpp_record("IW"),
 )
 
 
@@ -58,7 +78,10 @@ class ProgressReader:
     def __init__(self, pattern: str | None = None) -> None:
         self.pattern = check_pattern(pattern) if pattern else None
         self.epoch = 1
-        self.batches: int | None = None
+        self.batches: int | None = None  # batches per epoch, once a counter said
+        self.epoch_of_batches = 0
+        self.seen_epoch = False
+        self.last_batch_step = 0
 
     def read(self, line: str) -> Reading | None:
         """The progress a line reports, or None; a line that updates itself (`\\r`) counts by its last part."""
@@ -83,16 +106,36 @@ class ProgressReader:
             return Reading(rate=float(match.group(1)))
         match = EPOCH_PATTERN.match(line)
         if match:
-            self.epoch = int(match.group(1))
+            self.epoch, self.seen_epoch = int(match.group(1)), True
             return None
         match = KERAS_BAR.match(line)
+        if match:  # a counter before any `Epoch` line is `evaluate` or `predict`, not training
+            return self._batch(int(match.group(1)), match.group(2)) if self.seen_epoch else None
+        match = TQDM_BAR.match(line)
         if match:
-            batch, self.batches = int(match.group(1)), int(match.group(2))
-            return Reading(step=(self.epoch - 1) * self.batches + batch)
-        match = STEP_PATTERN.search(line)
-        if match:
-            return Reading(step=int(match.group(1)))
+            if match.group(1) is not None:  # Lightning counts its epochs from 0
+                self.epoch = int(match.group(1)) + 1
+            return self._batch(int(match.group(2)), match.group(3))
+        for match in STEP_PATTERN.finditer(line):
+            if not NOT_A_STEP.search(line[:match.start() + 4]):
+                return Reading(step=int(match.group(1)))
         return None
+
+    def _batch(self, batch: int, total: str) -> Reading | None:
+        """A batch counter's step: the batches of the epochs before, and this one's.
+
+        A counter that would go back (Keras' `evaluate` after `fit`, a validation bar) is not training.
+        """
+        if total.isdecimal():
+            if self.batches is None or self.epoch_of_batches != self.epoch:
+                self.batches, self.epoch_of_batches = int(total), self.epoch
+            elif int(total) != self.batches:
+                return None  # another loop's bar within this epoch
+        step = (self.epoch - 1) * (self.batches or 0) + batch
+        if step < self.last_batch_step:
+            return None
+        self.last_batch_step = step
+        return Reading(step=step)
 
 
 def _from_groups(match: re.Match[str]) -> Reading | None:
