@@ -142,6 +142,16 @@ def test_a_drilled_run_that_stops_progressing_ends_naming_the_drill() -> None:
     assert Stop(("ps0", "worker0", "worker1", "worker2")) in actions
 
 
+def test_output_tflab_cannot_read_as_steps_is_no_stall() -> None:
+    # issue 30.1: a worker printing lines of its own (no step in them) after a drill is training on
+    machine = started(ps_plan("pause worker0 at 5s for 2s"))
+    feed(machine, [Output("worker1", 6.0, 100), Injected(0, 10.0, "paused worker0"), Healed(0, 12.0, "ok")])
+    quiet = [Output("worker1", float(t)) for t in range(20, 140, 10)]  # lines, no step read from them
+    assert [a for a in feed(machine, [*quiet, Tick(135.0)]) if isinstance(a, Finish)] == []
+    finish = next(a for a in feed(machine, [Tick(131.0 + 60.0)]) if isinstance(a, Finish))
+    assert finish.problem.startswith("no worker made progress in 60s"), "silence still ends a stalled drill"
+
+
 def test_an_allreduce_worker_lost_restarts_every_worker_from_its_backup() -> None:
     plan = RunPlan(servers=(), finishers=("worker0", "worker1", "worker2", "worker3"), chief="worker0",
                    faults=(parse("kill worker1 at step 50", ["worker0", "worker1", "worker2", "worker3"]),),

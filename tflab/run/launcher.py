@@ -289,9 +289,9 @@ class Launcher:
 
     def _line(self, name: str, text: str) -> None:
         """A whole line: shown, kept, and a sign of life."""
-        if text.strip() and not progress.is_noise(text):
+        if text.strip() and not progress.is_noise(text):  # TensorFlow's chatter is no sign of life
             self.last_lines[name] = text.rsplit("\r", 1)[-1]
-        self.events.put(Output(name, self.clock()))
+            self.events.put(Output(name, self.clock()))
         self._show(self.sink.line, name, text)
 
     def _probe(self, name: str, key: str) -> None:

@@ -224,6 +224,12 @@ class NodeState:
         times = [t for t, _ in self.steps[-1:]] + [t for t, _ in self.rates[-1:]]
         return max(times) if times else None
 
+    @property
+    def last_active(self) -> float | None:
+        """When it last reported progress or printed a line of its own."""
+        times = [x for x in (self.last_progress, self.last_output) if x is not None]
+        return max(times) if times else None
+
     def rate(self, window_s: float | None = None) -> float | None:
         """Its steps per second (over the last `window_s` seconds)."""
         return progress.node_rate(self.steps, self.rates, window_s)
@@ -579,7 +585,8 @@ class RunMachine:
         if self.drills:
             drill = self._due(t) + [Heal(i) for i in self.drills.heal_due(t)]
             self.drills.note_steps(self._steps())
-            last = [n.last_progress for n in (self.nodes[f] for f in plan.finishers) if n.last_progress]
+            # output tflab cannot read as steps is still a sign the training goes on
+            last = [n.last_active for n in (self.nodes[f] for f in plan.finishers) if n.last_active]
             stalled = self.drills.stalled(t, max(last) if last else None)
             if stalled is not None and not self.gang and not self.reviving:
                 return drill + self._fail(f"no worker made progress in {plan.stall_s:g}s after the drill's "
