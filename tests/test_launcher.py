@@ -150,6 +150,17 @@ def test_workers_ending_together_always_succeed(tmp_path: Path) -> None:
         assert result.result_line == "worker0: test accuracy 0.97"
 
 
+def test_the_result_is_the_chiefs_own_last_line_not_an_error_tensorflow_logs_at_exit(tmp_path: Path) -> None:
+    scripts = ok_scripts()
+    crashed = ("E1124 21:59:02.000000  1203 coordination_service_agent.cc:512] Failed to disconnect from "
+               "coordination service: The tasks have crashed. Check the task logs for an earlier error")
+    scripts["worker0"] = (["step 1", "I1124 21:59:01.000000 140 train.py:80] test accuracy 0.98", crashed],
+                          0, 0.05, False)
+    result = launch(tmp_path, scripts)[0].execute()
+    assert result.finish.exit_code == 0
+    assert result.result_line == "I1124 21:59:01.000000 140 train.py:80] test accuracy 0.98"
+
+
 def test_workers_start_held_with_preload_and_the_sweeps_clear_the_task(tmp_path: Path) -> None:
     launcher, executor = launch(tmp_path, ok_scripts())
     launcher.execute()

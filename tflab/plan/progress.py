@@ -51,6 +51,7 @@ NOISE = (
     re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"),
     cpp_record("IW"),
 )
+ERROR_RECORD = cpp_record("EF")  # an error TensorFlow's C++ side logged (shown; no program's result)
 
 
 @dataclass(frozen=True)

@@ -290,7 +290,10 @@ class Launcher:
     def _line(self, name: str, text: str) -> None:
         """A whole line: shown, kept, and a sign of life."""
         if text.strip() and not progress.is_noise(text):  # TensorFlow's chatter is no sign of life
-            self.last_lines[name] = text.rsplit("\r", 1)[-1]
+            # a program's result is its own last line: not an error TensorFlow logs at exit
+            # (MultiWorkerMirroredStrategy's "tasks have crashed" of a run that succeeded)
+            if not (progress.ERROR_RECORD.match(text) and self.last_lines.get(name)):
+                self.last_lines[name] = text.rsplit("\r", 1)[-1]
             self.events.put(Output(name, self.clock()))
         self._show(self.sink.line, name, text)
 
