@@ -83,6 +83,13 @@ BAD_FILES = [
     ("tasks: {'a/b': echo}", "task name 'a/b' is not a word"),
     ("tasks: {1: echo}", "tasks has a key that is not a word: 1"),
     ("a: [", "is not valid YAML"),
+    # strict as promised (issue 30.9): a key or task given twice, an empty file, a name with a newline
+    ("tasks:\n  t: echo a\n  t: echo b\n", "tflab.yaml: the key 't' is given twice (lines 2 and 3): keep one"),
+    ("topology: {nodes: 2}\ntopology: {nodes: 3}\n", "the key 'topology' is given twice"),
+    ("", "tflab.yaml is empty"),
+    ("# just a comment\n", "tflab.yaml is empty"),
+    ('tasks: {"train\\n": echo}', "task name 'train\\n' is not a word"),
+
     ("- just\n- a list", "must be a mapping of keys"),
 ]
 
@@ -103,6 +110,23 @@ def test_bad_lab_files_are_one_line_and_exit_2_in_any_command(runner, tmp_path: 
     assert result.exit_code == 2
     assert result.stderr.startswith("tflab: error: ") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("code: ../../../../../../../../etc", "code ../../../../../../../../etc (/etc) is a system folder"),
+    ("runs: /", "runs / (/) is a system folder: every node would get it whole"),
+    ("data: /usr/lib", "data /usr/lib (/usr/lib) is a system folder"),
+])
+def test_folders_no_lab_means_are_refused_wherever_they_are_written(runner, tmp_path: Path, text: str,
+                                                                   message: str) -> None:
+    # issue 30.8: `--runs /` mounted the host's root into every node; tflab.yaml could point code at /etc
+    (tmp_path / "tflab.yaml").write_text(text)
+    result = runner.invoke(cli, ["status", "--lab", str(tmp_path)])
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "new"), "--" + text.split(":")[0],
+                                 text.split(": ")[1]])
+    assert result.exit_code != 0 and "is a system folder" in result.stderr, result.stderr
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_lab_file_tflab_cannot_plan_is_one_line_too(runner, tmp_path: Path) -> None:

@@ -101,3 +101,16 @@ def test_a_detached_run_that_finished_quickly_gives_its_verdict(tmp_path: Path) 
     data = wait_until_started(Exited(4243, 0), folder, tmp_path / "log", "hello")
     assert data["state"] == "finished"
     assert json.loads((folder / history.RUN_FILE).read_text())["pid"] == 4243
+
+
+def test_a_run_moves_aside_only_a_run_folder_tflab_made(tmp_path: Path) -> None:
+    # issue 30.8: with `runs: .`, a task named `data` moved the lab's own data folder aside
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "digits.csv").write_text("0,1\n")
+    with pytest.raises(UserError, match=r"data is not a run tflab made .*rename it, or point the lab's runs elsewhere"):
+        history.fresh_run_dir(tmp_path, "data", resume=False)
+    assert (tmp_path / "data" / "digits.csv").read_text() == "0,1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]
+    made = history.fresh_run_dir(tmp_path, "train", resume=False)
+    again = history.fresh_run_dir(tmp_path, "train", resume=False)
+    assert made == again and len(list(tmp_path.glob("train.*"))) == 1, "a run tflab made is still moved aside"

@@ -121,14 +121,47 @@ def open_lab(root: Path) -> LabFiles:
     root = root.resolve()
     config = load(root)
     try:
+        check_folders(config, root)
+    except UserError as exc:
+        raise UserError(f"{root / cfg.LAB_FILE}: {exc}") from None
+    try:
         lab = plan(config.topology, config.gpus, config.host)
     except UserError as exc:
         raise UserError(f"{root / cfg.LAB_FILE}: {exc}") from None
     return LabFiles(root=root, config=config, lab=lab)
 
 
+# Folders no lab means: they would be copied into every node whole, or mounted into them writable.
+SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",
+                  "/run", "/sbin", "/srv", "/sys", "/usr", "/var", "/home", "/tmp", "/mnt", "/media")
+INSIDE_SYSTEM = ("/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/sbin", "/sys", "/usr")
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why a folder cannot be a lab's code, data or runs (the file system's root, a system folder, a home), or None."""
+    text = str(folder)
+    if text in SYSTEM_FOLDERS or any(text.startswith(top + "/") for top in INSIDE_SYSTEM):
+        return "is a system folder"
+    if folder == Path.home() or folder.parent == Path("/home"):
+        return "is a whole home folder"
+    return None
+
+
+def check_folders(config: LabConfig, root: Path) -> None:
+    """The lab's code, data and runs folders are folders a lab can mean (wherever tflab.yaml points them)."""
+    for key, path in (("code", config.code), ("data", config.data), ("runs", config.runs)):
+        if path is None:
+            continue
+        folder = (root / path).resolve()
+        problem = folder_problem(folder)
+        if problem is not None:
+            raise UserError(f"{key} {path} ({folder}) {problem}: every node would get it whole; "
+                            f"point {key} at a folder of the project's own")
+
+
 def check_paths(config: LabConfig, root: Path, scaffold: dict[str, dict[str, bytes]]) -> None:
     """Code and data folders exist (or are about to be written) and hold none of the lab's own files."""
+    check_folders(config, root)
     for flag, path in (("--code", config.code), ("--data", config.data)):
         if path is None or path in scaffold:
             continue

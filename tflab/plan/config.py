@@ -67,7 +67,7 @@ TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 def check_task_name(name: str, source: str = "task") -> str:
     """A task name is a word: letters, digits, `_`, `.`, `-`, not starting with `.`."""
-    if not isinstance(name, str) or not TASK_NAME.match(name) or len(name) > 64:
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name) or len(name) > 64:
         raise UserError(
             f"{source} name {name!r} is not a word: use letters, digits, _, . and - "
             "(not starting with .), at most 64 characters"
@@ -327,15 +327,48 @@ def to_yaml(config: LabConfig) -> str:
     return header + yaml.safe_dump(doc, sort_keys=False, width=1000)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as written by a person: a key given twice is a mistake to show, not a value to drop."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice (lines {seen[key] + 1} and "
+                        f"{key_node.start_mark.line + 1}): keep one", key_node.start_mark)
+            except TypeError:  # an unhashable key: SafeLoader says so itself
+                break
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """A YAML file a person edits, strictly: malformed text or a key given twice is a UserError naming the file."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.constructor.ConstructorError as exc:
+        if exc.problem and "given twice" in exc.problem:
+            raise UserError(f"{source}: {exc.problem}") from None
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+
+
 def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
     """Read tflab.yaml's text; anything malformed is a UserError naming its key."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    doc = load_yaml(text, source)
     read = _Reader(source)
     if doc is None:
-        doc = {}
+        raise UserError(f"{source} is empty: a lab's file names its topology at least; "
+                        "`tflab gen` writes one")
     if not isinstance(doc, dict):
         raise UserError(f"{source} must be a mapping of keys ({', '.join(TOP_KEYS)})")
     doc = read.mapping(doc, "(top level)", TOP_KEYS)
@@ -461,10 +494,7 @@ def _choice(read: _Reader, topo: dict, key: str, check) -> str:
 
 def tasks_from_text(text: str, source: str) -> dict[str, Task]:
     """The `tasks` of a code folder's tflab.yaml text (its other keys are not a lab's)."""
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    doc = load_yaml(text, source) or {}
     return parse_tasks(doc.get("tasks") if isinstance(doc, dict) else None, source)
 
 

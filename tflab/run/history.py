@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tflab.errors import UserError
 from tflab.run.machine import RunMachine
 
 RUN_FILE = "run.json"
@@ -127,6 +128,9 @@ def fresh_run_dir(runs_dir: Path, task: str, resume: bool) -> Path:
     """The host side of /runs/TASK: a previous run's is moved aside (to TASK.<time>) unless resuming."""
     folder = runs_dir / task
     if folder.exists() and not resume:
+        if load(folder) is None and not (folder / LOG_DIR).is_dir():  # never move what tflab did not make
+            raise UserError(f"{folder} is not a run tflab made (no {RUN_FILE} or {LOG_DIR}/ in it), and a run of "
+                            f"{task} would move it aside: rename it, or point the lab's runs elsewhere")
         stamp_ = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
         aside = runs_dir / f"{task}.{stamp_}"
         number = 1
