@@ -97,8 +97,17 @@ BAD_INPUTS = [
     (["--link-delay", "soon"], "--link-delay 'soon' is not a number of milliseconds"),
     (["--target", "k8s"], "--target must be compose or swarm, not 'k8s'"),
     (["--place", "ps0=a"], "--place and --registry are for swarm labs: add --target swarm"),
-    (["--target", "swarm", "--place", "ps9=a"], "--place 'ps9=a': no node 'ps9' in this lab"),
-    (["--target", "swarm", "--place", "ps0"], "--place 'ps0': write NODE=HOST"),
+    (["--target", "swarm", "--bind", "0.0.0.0", "--place", "ps9=a"], "--place 'ps9=a': no node 'ps9' in this lab"),
+    (["--target", "swarm", "--bind", "0.0.0.0", "--place", "ps0"], "--place 'ps0': write NODE=HOST"),
+    # issue 30.6: a swarm cannot bind an address; it is said, not done unasked
+    (["--target", "swarm"], "a swarm lab cannot publish on 127.0.0.1: Swarm publishes each node's SSH"),
+    (["--target", "swarm", "--bind", "192.168.1.5"], "pass --bind 0.0.0.0 to accept that"),
+    # issue 30.7: text that would be written into generated files
+    (["--base", "python:3.11\nRUN curl evil | sh"], "--base 'python:3.11\\nRUN curl evil | sh' is not an image name"),
+    (["--base", "Tensorflow/TF"], "is not an image name"),
+    (["--target", "swarm", "--bind", "0.0.0.0", "--place", "ps0=# b"], "--place ps0= '# b' is not a host name"),
+    (["--target", "swarm", "--bind", "0.0.0.0", "--place", "ps0=gpu: a"], "is not a host name"),
+    (["--name", "lab\n# injected"], "must be one line of at most 100 characters"),
 ]
 
 
@@ -180,7 +189,7 @@ def test_gen_force_keeps_the_users_code_and_its_tasks(runner, tmp_path: Path) ->
 def test_links_and_swarm_settings_are_recorded(runner, tmp_path: Path) -> None:
     lab = tmp_path / "lab"
     result = runner.invoke(cli, ["gen", "--lab", str(lab), "--link-rate", "100Mbit", "--link-delay", "5",
-                                 "--target", "swarm", "--place", "ps0=host-a", "--registry", "reg.example:5000"])
+                                 "--target", "swarm", "--bind", "0.0.0.0", "--place", "ps0=host-a", "--registry", "reg.example:5000"])
     assert result.exit_code == 0, result.stderr
     saved = yaml.safe_load((lab / "tflab.yaml").read_text())
     assert saved["links"] == {"rate": "100mbit", "delay_ms": 5.0}

@@ -37,7 +37,7 @@ def complete_checkpoint(run_dir: Path) -> bool:
 def test_a_compose_only_engine_is_told_how_to_make_a_swarm(labs, runner, docker_client) -> None:
     if (docker_client.info().get("Swarm") or {}).get("LocalNodeState") == "active":
         pytest.skip("this engine is a swarm already (the message is for engines that are not)")
-    lab = labs.gen("--target", "swarm", nodes=2)
+    lab = labs.gen("--target", "swarm", "--bind", "0.0.0.0", nodes=2)
     up = runner.invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 2
     assert up.stderr.strip().splitlines()[-1] == (
@@ -46,7 +46,7 @@ def test_a_compose_only_engine_is_told_how_to_make_a_swarm(labs, runner, docker_
 
 
 def test_a_swarm_lab_trains_over_docker_exec_and_over_ssh_and_goes_away(swarm, labs, runner) -> None:
-    lab = labs.gen("--target", "swarm", nodes=4)
+    lab = labs.gen("--target", "swarm", "--bind", "0.0.0.0", nodes=4)
     lf = labfiles.open_lab(lab)
     label = {"label": f"tflab.lab={lf.project}"}
     try:

@@ -144,6 +144,41 @@ def test_render_k8s_writes_a_validated_manifest_or_nothing(runner, tmp_path: Pat
         assert not target.exists()
 
 
+@pytest.mark.parametrize(("command", "runs"), [
+    ("python t.py --x 1", "exec python t.py --x 1"),
+    ("VAR=x python t.py", "VAR=x python t.py"),  # `exec VAR=x …` exits 127 in every pod (issue 30.7)
+    ("python prep.py && python t.py", "python prep.py && python t.py"),  # exec would drop the rest
+    ("python t.py | tee /runs/log", "python t.py | tee /runs/log"),
+    ("exec python t.py", "exec python t.py"),
+    ("python t.py 'a && b'", "exec python t.py 'a && b'"),
+])
+def test_a_task_is_execed_only_where_exec_keeps_its_meaning(tmp_path: Path, command: str, runs: str) -> None:
+    config = cfg.LabConfig(name="x", topology=Topology(nodes=2), tasks={"t": cfg.Task("t", command)})
+    lf = labfiles.write_lab(config, tmp_path / "lab", force=False)
+    jobset = yaml.safe_load(k8s.render_manifest(lf.config, lf.lab, "jobset", "x:1", "t", "runs", None))
+    args = container(jobset["spec"]["replicatedJobs"][0]["template"]["spec"])["args"]
+    assert args[-1] == runs
+    tfjob = yaml.safe_load(k8s.render_manifest(lf.config, lf.lab, "tfjob", "x:1", "t", "runs", None))
+    assert container(tfjob["spec"]["tfReplicaSpecs"]["PS"])["args"][-1].endswith(f" && {runs}")
+
+
+def test_text_with_newlines_stays_in_the_header_comment_and_namespaces_are_checked(runner, tmp_path: Path) -> None:
+    config = cfg.LabConfig(name="x", topology=Topology(nodes=2),
+                           tasks={"t": cfg.Task("t", "python t.py\nkind: Injected\n")})
+    lf = labfiles.write_lab(config, tmp_path / "lab", force=False)
+    text = k8s.render_manifest(lf.config, lf.lab, "tfjob", "x:1", "t", "runs", None)
+    assert yaml.safe_load(text)["kind"] == "TFJob"
+    assert [line for line in text.splitlines() if "Injected" in line][0].startswith("# ")
+    for bad in ("Team-A", "-a", "a" * 64, "a_b", "ns\nkind: x"):
+        target = tmp_path / "never.yaml"
+        failed = runner.invoke(cli, ["render", "k8s", "--lab", str(lf.root), "--image", "x:1", "--namespace", bad,
+                                     "-o", str(target)])
+        assert failed.exit_code == 2 and "is not a Kubernetes namespace" in failed.stderr, failed.stderr
+        assert not target.exists()
+    ok = runner.invoke(cli, ["render", "k8s", "--lab", str(lf.root), "--image", "x:1", "--namespace", "team-a"])
+    assert ok.exit_code == 0 and yaml.safe_load(ok.stdout.split("\n", 2)[2])["metadata"]["namespace"] == "team-a"
+
+
 @pytest.mark.parametrize("name", [schemas.TFJOB_SCHEMA, schemas.JOBSET_SCHEMA, schemas.STACK_SCHEMA])
 def test_the_shipped_schemas_are_the_recorded_copies(name: str) -> None:
     import hashlib

@@ -143,7 +143,7 @@ def test_the_split_reaches_the_stack_file_and_the_manifests(tmp_path: Path) -> N
     from tflab.plan import config as cfg
     from tflab.plan.gpus import Gpu
 
-    config = cfg.LabConfig(name="m", topology=Topology(nodes=4, gpus_per_node=2), gpus=tuple(Gpu(i) for i in range(8)),
+    config = cfg.LabConfig(name="m", topology=Topology(nodes=4, gpus_per_node=2, bind="0.0.0.0"), gpus=tuple(Gpu(i) for i in range(8)),
                            host=TWO_SOCKETS, target="swarm")
     lab = plan(config.topology, config.gpus, config.host)
     stack = yaml.safe_load(templates.stack_file(lab, config, tmp_path, "img:1", ("k", "p")))

@@ -15,7 +15,7 @@ from tflab.render import schemas, templates
 
 
 def stack(tmp_path: Path, **kw) -> tuple[labfiles.LabFiles, dict]:
-    topology = kw.pop("topology", Topology(nodes=4, gpus_per_node=2))
+    topology = kw.pop("topology", Topology(nodes=4, gpus_per_node=2, bind="0.0.0.0"))
     config = cfg.LabConfig(name="ref", topology=topology, gpus=tuple(Gpu(i) for i in range(8)), target="swarm", **kw)
     lf = labfiles.write_lab(config, tmp_path / "lab", force=False)
     text = templates.stack_file(lf.lab, config, lf.root, "tflab-node:abc", ("key-1", "pub-1"))

@@ -58,7 +58,7 @@ def placements(values: list[str], node_names: list[str]) -> dict[str, str]:
             raise UserError(f"--place {value!r}: write NODE=HOST, e.g. --place ps0=gpu-host-1")
         if node not in node_names:
             raise UserError(f"--place {value!r}: no node {node!r} in this lab; its nodes are {', '.join(node_names)}")
-        out[node] = host
+        out[node] = cfg.check_host_label(host, f"--place {node}=")
     return out
 
 
@@ -129,10 +129,14 @@ def gen(
         data = lab_relative(data, root, "--data")
     if target != "swarm" and (place or registry):
         raise UserError("--place and --registry are for swarm labs: add --target swarm")
+    if target == "swarm":
+        cfg.check_swarm_bind(bind)
     listed = host_gpus(gpus) if gpus_per_node > 0 or gpus is not None else []
     host = hardware.host_facts(proc.run, listed)
     planned = plan(topology, listed, host)
     swarm = cfg.SwarmSettings(place=placements(place or [], planned.names), registry=registry)
+    cfg.check_one_line(name or root.name or "lab", "--name" if name else "the lab's name (its folder's)")
+    cfg.check_image_ref(base, "--base")
     config = cfg.LabConfig(
         name=name or root.name or "lab",
         target=target,

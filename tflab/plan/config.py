@@ -63,6 +63,46 @@ def base_name(choice: str, has_gpus: bool) -> str:
 
 
 TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# A Docker image reference: [registry[:port]/]path[:tag][@digest], lower-case path components.
+IMAGE_REF = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+                       r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+                       r"(?:@sha256:[0-9a-f]{64})?")
+HOST_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # a swarm node's `tflab.host` label
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_image_ref(value: str, what: str) -> str:
+    """An image name as Docker reads it (the keywords auto, official and local aside)."""
+    if value not in (AUTO_BASE, "official", "local") and (len(value) > 255 or not IMAGE_REF.fullmatch(value)):
+        raise UserError(f"{what} {value!r} is not an image name (like tensorflow/tensorflow:2.15.0 or "
+                        "registry:5000/team/tf:1)")
+    return value
+
+
+def check_host_label(value: str, what: str) -> str:
+    """A swarm host's name as `--place` and `swarm.place` give it: a word (it becomes a label and a constraint)."""
+    if not HOST_LABEL.fullmatch(value):
+        raise UserError(f"{what} {value!r} is not a host name: use letters, digits, _, . and -")
+    return value
+
+
+EVERY_INTERFACE = ("0.0.0.0", "::")
+
+
+def check_swarm_bind(bind: str) -> None:
+    """A swarm publishes a node's ports on every interface of the host it runs on (mode host; it takes no
+    address): a swarm lab says so with `--bind 0.0.0.0`, or is refused rather than exposed unasked."""
+    if bind not in EVERY_INTERFACE:
+        raise UserError(f"a swarm lab cannot publish on {bind}: Swarm publishes each node's SSH (key only) and "
+                        "TensorBoard (no login) on every interface of the host it runs on; pass --bind 0.0.0.0 "
+                        "to accept that (and firewall those ports), or use a compose lab")
+
+
+def check_one_line(value: str, what: str) -> str:
+    """A text tflab writes into files' comments and names: one line, no control characters, at most 100."""
+    if CONTROL.search(value) or len(value) > 100:
+        raise UserError(f"{what} {value!r} must be one line of at most 100 characters, without control characters")
+    return value
 
 
 def check_task_name(name: str, source: str = "task") -> str:
@@ -423,8 +463,17 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
     for node, host in place.items():
         if not isinstance(host, str) or not host:
             raise read.fail(f"swarm.place.{node}", f"must name a host, not {_shown(host)}")
+        try:
+            check_host_label(host, f"swarm.place.{node}")
+        except UserError as exc:
+            raise UserError(f"{source}: {exc}") from None
     for key in ("code", "data", "runs"):
         read.string(doc, key, "", None)
+    try:
+        check_one_line(read.string(doc, "name", "", "lab") or "lab", "name")
+        check_image_ref(read.string(image, "base", "image", AUTO_BASE) or AUTO_BASE, "image.base")
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
     return LabConfig(
         name=read.string(doc, "name", "", "lab") or "lab",
         target=read.string(doc, "target", "", "compose", choices=TARGETS) or "compose",

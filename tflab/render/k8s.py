@@ -117,6 +117,33 @@ def _env(lab: Lab, task: cfg.Task, node: str) -> dict[str, str]:
     return {**base, **tasks.task_env(task.name)}
 
 
+LIST_OPERATORS = {";", "&", "&&", "|", "||", "(", ")", ";;"}
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def exec_form(line: str) -> str:
+    """A task's command as the container's shell runs it: `exec`ed (the program gets the pod's signals)
+    where it is one simple command; as written where `exec` would change it (`a && b`, `VAR=x prog`,
+    a pipe, or an `exec` of its own)."""
+    try:
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError as exc:
+        raise UserError(f"the task's command {line!r} is not a shell command ({exc})") from None
+    if "\n" in line or not words or LIST_OPERATORS & set(words) or ASSIGNMENT.match(words[0]) or words[0] == "exec":
+        return line
+    return f"exec {line}"
+
+
+def one_line(text: str) -> str:
+    """A text for a comment line: newlines and other control characters written as escapes."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
 def _metadata(name: str, config: cfg.LabConfig, namespace: str | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "labels": {"tflab.lab": job_name(config.name, 63)}}
     if namespace:
@@ -134,7 +161,7 @@ def tfjob(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_clai
         if not members:
             continue
         values = {**RUNTIME_VALUES, "num_gpus": str(len(members[0].gpus)), "run_dir": tasks.run_dir(task.name)}
-        line = f"{FROM_TF_CONFIG} && exec {cfg.fill_placeholders(task.command, values)}"
+        line = f"{FROM_TF_CONFIG} && {exec_form(cfg.fill_placeholders(task.command, values))}"
         container = _container(image, line, _env(lab, task, members[0].name), len(members[0].gpus),
                                members[0].machine)
         specs[kind] = {
@@ -182,7 +209,7 @@ def jobset(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_cla
             **_env(lab, task, node.name),
         }
         line = cfg.fill_placeholders(task.command, values)
-        container = _container(image, f"exec {line}", env, len(node.gpus), node.machine)
+        container = _container(image, exec_form(line), env, len(node.gpus), node.machine)
         replicated.append({
             "name": node.name,
             "replicas": 1,
@@ -269,6 +296,9 @@ def render_manifest(config: cfg.LabConfig, lab: Lab, kind: str, image: str | Non
                         "(`tflab build --bake` makes one; push it to the cluster's registry)")
     if not DNS_1035.match(runs_claim) and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", runs_claim):
         raise UserError(f"--runs-claim {runs_claim!r} is not a Kubernetes name")
+    if namespace is not None and (len(namespace) > 63 or not NAMESPACE.fullmatch(namespace)):
+        raise UserError(f"--namespace {namespace!r} is not a Kubernetes namespace: lower-case letters, digits "
+                        "and -, starting and ending with a letter or digit, at most 63")
     task = pick_task(config, task_name)
     manifest = (tfjob if kind == "tfjob" else jobset)(config, lab, image, task, runs_claim, namespace)
     problems = problems_of(manifest)
@@ -276,7 +306,8 @@ def render_manifest(config: cfg.LabConfig, lab: Lab, kind: str, image: str | Non
         # The lab and the options were fine (checked above): a manifest that fails is tflab's own fault.
         raise TflabError(f"tflab made a {KINDS[kind]} that does not validate ({problems[0]}); this is a bug "
                          "in tflab: please report it with the lab's tflab.yaml")
-    header = (f"# {KINDS[kind]} of tflab lab {config.name}: task {task.name} ({shlex.quote(task.command)[:80]}).\n"
+    header = (f"# {KINDS[kind]} of tflab lab {one_line(config.name)}: task {task.name} "
+              f"({one_line(shlex.quote(task.command)[:80])}).\n"
               f"# Validated against the CRD schema (strict) by `tflab render k8s`. Runs folder: PVC {runs_claim}.\n")
     return header + yaml.safe_dump(manifest, sort_keys=False, width=1000)
 

@@ -121,6 +121,7 @@ def size_bytes(size: str) -> int:
 
 def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_names: tuple[str, str]) -> str:
     """The swarm stack file's text for `lab` (absolute paths: swarm does not read them relative)."""
+    cfg.check_swarm_bind(lab.topology.bind)
     nodes = node_values(lab)
     for node in nodes:
         node["place"] = config.swarm.place.get(node["name"])
