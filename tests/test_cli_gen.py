@@ -108,6 +108,17 @@ BAD_INPUTS = [
     (["--target", "swarm", "--bind", "0.0.0.0", "--place", "ps0=# b"], "--place ps0= '# b' is not a host name"),
     (["--target", "swarm", "--bind", "0.0.0.0", "--place", "ps0=gpu: a"], "is not a host name"),
     (["--name", "lab\n# injected"], "must be one line of at most 100 characters"),
+    # numbers without bounds (issue 30.10, 30.11)
+    (["--memory-per-node", "1000"], "--memory-per-node '1000' is not a size: write a number and a unit"),
+    (["--memory-per-node", "100k"], "--memory-per-node '100k' is too little for a node"),
+    (["--memory-per-node", "99999t"], "is more memory than any host has"),
+    (["--cpus-per-node", "0.001"], "--cpus-per-node '0.001' is less than the engine can give a node"),
+    (["--cpus-per-node", "1e9"], "is more CPUs than any host has"),
+    (["--nodes", "5984"], "--nodes 5984 is more than a lab holds (at most 4096)"),
+    (["--link-rate", "99999999999tbit"], "is faster than tc shapes a link: use at most 100gbit"),
+    (["--gpus", "0-2999999", "--gpus-per-node", "1"], "GPU 2999999 is past the last a host can have (1023)"),
+    (["--gpus", "\u00b2", "--gpus-per-node", "1"], "is not a GPU list"),
+    (["--memory-per-node", "\u00b2g"], "is not a size"),
 ]
 
 

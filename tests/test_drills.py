@@ -212,3 +212,15 @@ def test_a_rebooted_node_starts_again_whichever_comes_first(exit_first: bool) ->
     assert machine.nodes["worker1"].verdict == "running"
     actions = feed(machine, [Exited("worker0", 0, 20.0), Exited("worker2", 0, 20.5), Exited("worker1", 0, 21.0)])
     assert Finish(0, "ok", None) in actions
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("cpu worker0 0.000001", "1e-06 CPU is less than the engine sets; use at least 0.01"),
+    ("cpu worker0 inf", "cpu needs a share of CPUs"),
+    ("cpu worker0 nan", "cpu needs a share of CPUs"),
+    ("kill worker0 at \u00b2s", "is not a number of seconds"),
+])
+def test_fault_values_without_meaning_are_refused(spec: str, message: str) -> None:
+    # issue 30.10, 30.11: a share the engine does not set was reported as set; `inf` was an internal error
+    with pytest.raises(UserError, match=message):
+        parse(spec, NODES)

@@ -158,3 +158,17 @@ def test_the_split_reaches_the_stack_file_and_the_manifests(tmp_path: Path) -> N
                         cfg.Task("train", "python t.py"), "runs")
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     assert pod["resources"]["limits"]["cpu"] == "500m" and k8s.problems_of(jobset) == []
+
+
+def test_an_even_share_too_small_to_set_is_refused_not_dropped() -> None:
+    # issue 30.10: 201 nodes on 2 CPUs got no CPU limit at all; 5000 nodes got 4m of memory
+    from tflab.errors import UserError
+    from tflab.plan import machines as m
+
+    small = m.HostFacts(cpus=(0, 1), numa_cpus={0: (0, 1)}, memory_mib=24 * 1024)
+    assert m.split("auto", "auto", [()] * 200, small)[0].quota == 0.01
+    with pytest.raises(UserError, match=r"2 CPUs over 201 nodes give each less than 0.01 CPU.*--cpus-per-node 0"):
+        m.split("auto", "auto", [()] * 201, small)
+    assert m.split("0", "auto", [()] * 201, small)[0].quota is None, "shared CPUs, as asked"
+    with pytest.raises(UserError, match=r"over 4096 nodes gives each 5M, less than a node needs \(64M\)"):
+        m.split("0", "auto", [()] * 4096, small)

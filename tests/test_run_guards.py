@@ -114,3 +114,17 @@ def test_a_run_moves_aside_only_a_run_folder_tflab_made(tmp_path: Path) -> None:
     made = history.fresh_run_dir(tmp_path, "train", resume=False)
     again = history.fresh_run_dir(tmp_path, "train", resume=False)
     assert made == again and len(list(tmp_path.glob("train.*"))) == 1, "a run tflab made is still moved aside"
+
+
+def test_a_malformed_run_json_is_left_out_not_fatal_to_runs(runner, lab: Path) -> None:
+    # issue 30.11: one hand-edited run.json broke `tflab runs` for the whole lab
+    good = {"task": "train", "state": "finished", "started": 1700000000.0, "ended": 1700000010.0,
+            "duration_s": 10.0, "verdict": "ok", "exit_code": 0, "result": "accuracy 0.97", "nodes": {}, "faults": []}
+    for name, text in {"train": json.dumps(good), "a": '{"started": "x", "state": 5}', "b": "[1]",
+                       "c": '{"nodes": {"w": 5}}', "d": '{"started": 1e400}', "e": "{not json"}.items():
+        (lab / "runs" / name).mkdir(parents=True)
+        (lab / "runs" / name / history.RUN_FILE).write_text(text)
+    result = runner.invoke(cli, ["runs", "--lab", str(lab)])
+    assert result.exit_code == 0, result.stderr
+    assert "accuracy 0.97" in result.stdout and "internal error" not in result.stdout + result.stderr
+    assert "left out: a, b, c, d, e (their run.json is not one tflab wrote)" in " ".join(result.stdout.split())

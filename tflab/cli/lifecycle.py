@@ -106,7 +106,7 @@ def logs(
 ) -> None:
     """The nodes' logs (sshd and anything the entrypoint printed), each line after its node's name."""
     lf = open_lab(lab)
-    if tail != "all" and not tail.isdigit():
+    if tail != "all" and not (tail.isascii() and tail.isdigit()):
         raise UserError(f"--tail must be a number of lines or all, not {tail!r}")
     side = backend(lf)
     if node is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -92,13 +93,13 @@ def run(
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
 ) -> None:
     """Run TASK on every node: servers first (waited on), then workers; exit 0 only if every worker succeeds."""
+    if restarts < 0:
+        raise UserError("--restarts cannot be negative")
+    if not 0 <= grace < math.inf or (timeout is not None and not 0 < timeout < math.inf):
+        raise UserError("--grace must be 0 or more and --timeout more than 0 seconds (finite numbers)")
     lf = open_lab(lab)
     definition = lf.config.task(task)
     check_via(via)
-    if restarts < 0:
-        raise UserError("--restarts cannot be negative")
-    if grace < 0 or (timeout is not None and timeout <= 0):
-        raise UserError("--grace must be 0 or more and --timeout more than 0 seconds")
     drill = tuple(faults.parse(spec, lf.lab.names) for spec in fault or ())
     plan = run_plan(lf.lab, definition, grace_s=grace, timeout_s=timeout, restarts=restarts, faults=drill,
                     expect=faults.check_expectation(expect, drill))
@@ -205,10 +206,14 @@ def runs(lab: LabOption = Path(".")) -> None:
     """The lab's runs, going and finished: task, start, duration, verdict, result, steps/s."""
     lf = open_lab(lab)
     found = history.all_runs(lf.runs_dir)
+    skipped = history.unreadable(lf.runs_dir)
     if not found:
         console().print(f"no runs yet in {lf.runs_dir} (`tflab run TASK` makes one)")
-        return
-    console().print(views.runs_table(found))
+    else:
+        console().print(views.runs_table(found))
+    if skipped:
+        console().print(f"left out: {', '.join(p.name for p in skipped)} (their {history.RUN_FILE} is not one "
+                        "tflab wrote)")
 
 
 def _current(lf: LabFiles, task: str) -> tuple[Path, dict]:

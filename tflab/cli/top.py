@@ -99,9 +99,9 @@ def top(
     lab: LabOption = Path("."),
 ) -> None:
     """The lab's nodes, live: role, CPU of what each owns, memory of its limit, network, GPUs, task and steps/s."""
+    if not interval >= 0.2 or interval > 3600:  # nan, inf and the too short alike
+        raise UserError(f"--interval must be between 0.2 and 3600 seconds, not {interval}")
     lf = open_lab(lab)
-    if interval < 0.2:
-        raise UserError("--interval must be at least 0.2 seconds")
     side = backend(lf)
     running = [name for name, node in side.status().items() if node.running and name in lf.lab.names]
     if not running:

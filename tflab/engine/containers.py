@@ -52,7 +52,7 @@ def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
 
 def log_lines(containers: dict[str, Container], follow: bool, tail: str) -> Iterator[tuple[str, str]]:
     """(node, line) of the containers' own logs: one node after the other, or, with `follow`, as they come."""
-    count: int | str = int(tail) if tail.isdigit() else "all"
+    count: int | str = int(tail) if tail.isascii() and tail.isdigit() else "all"
     streams = {name: lines_of(c.logs(stream=True, follow=follow, tail=count)) for name, c in containers.items()}
     if follow:
         yield from merged(streams)

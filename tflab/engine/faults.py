@@ -58,6 +58,13 @@ class FaultInjector:
         if fault.action in NEEDS_NET_ADMIN and not self.lf.config.net_admin:
             raise UserError(f"{fault.action} changes a node's network, which needs the NET_ADMIN capability: make "
                             "the lab with `tflab gen --faults` (or with --link-rate), then `tflab up`")
+        if fault.action == "cpu" and fault.share is not None:
+            cpuset = self.lf.lab.node(fault.node).machine.cpuset
+            most = len(cpuset) or len(self.lf.config.host.cpus)
+            if most and fault.share > most:
+                where = f"its {len(cpuset)} pinned CPUs" if cpuset else f"the host's {most} CPUs"
+                raise UserError(f"cpu {fault.node} {fault.share:g}: {fault.node} runs on {where}, so it cannot "
+                                f"have more than {most:g} CPU")
         self.container(fault.node)
 
     def _fault_sh(self, node: str, *args: str) -> str:

@@ -297,7 +297,7 @@ class SwarmLab:
         if not names or missing:
             raise UserError(f"node {missing[0] if missing else 'of the lab'} is not deployed; run `tflab up` first")
         streams = {name: lines_of(self.client.api.service_logs(services[name].id, stdout=True, stderr=True,
-                                                                follow=follow, tail=int(tail) if tail.isdigit() else "all"))
+                                                                follow=follow, tail=int(tail) if tail.isascii() and tail.isdigit() else "all"))
                    for name in names}
         if follow:
             return merged(streams)

@@ -86,7 +86,7 @@ def gpu_numa(runner: Runner, gpus: list[Gpu]) -> dict[int, int]:
     for line in listing.splitlines():
         index, _, bus = line.partition(",")
         text = _read(SYSFS / "bus" / "pci" / "devices" / sysfs_bus_id(bus) / "numa_node") if bus.strip() else None
-        if index.strip().isdigit() and text and text.strip().lstrip("-").isdigit() and int(text) >= 0:
+        if index.strip().isascii() and index.strip().isdigit() and text and text.isascii() and text.strip().lstrip("-").isdigit() and int(text) >= 0:
             found[int(index)] = int(text)
     return found
 

@@ -520,11 +520,11 @@ def host_from_yaml(read: _Reader, raw: Any) -> HostFacts:
 
     numa, gpu_numa = {}, {}
     for key, value in read.mapping(host.get("numa"), "host.numa").items():
-        if not str(key).isdigit():
+        if not (str(key).isascii() and str(key).isdigit()):
             raise read.fail(f"host.numa.{key}", "must be a NUMA node number")
         numa[int(key)] = cpus_of(value, f"host.numa.{key}")
     for key, value in read.mapping(host.get("gpu_numa"), "host.gpu_numa").items():
-        if not str(key).isdigit() or isinstance(value, bool) or not isinstance(value, int):
+        if not (str(key).isascii() and str(key).isdigit()) or isinstance(value, bool) or not isinstance(value, int):
             raise read.fail(f"host.gpu_numa.{key}", "maps a GPU index to its NUMA node number")
         gpu_numa[int(key)] = value
     return HostFacts(cpus=cpus_of(host.get("cpus"), "host.cpus"), numa_cpus=numa, gpu_numa=gpu_numa,

@@ -14,6 +14,7 @@ the node comes back, and its process with it).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,8 +67,11 @@ class Fault:
         return what
 
 
+MIN_SHARE = 0.01  # the smallest CPU quota the engine sets
+
+
 def _seconds(text: str, spec: str) -> float:
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)s?", text)
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)s?", text)
     if not match:
         raise UserError(f"fault {spec!r}: {text!r} is not a number of seconds (write 30s)")
     return float(match.group(1))
@@ -91,8 +95,11 @@ def parse(spec: str, nodes: Sequence[str], timed: bool = True) -> Fault:
             values["share"] = float(rest.pop(0)) if rest else None
         except ValueError:
             values["share"] = None
-        if values["share"] is None or not values["share"] > 0:
+        if values["share"] is None or not values["share"] > 0 or not math.isfinite(values["share"]):
             raise UserError(f"fault {spec!r}: cpu needs a share of CPUs, e.g. cpu {node} 0.25")
+        if values["share"] < MIN_SHARE:
+            raise UserError(f"fault {spec!r}: {values['share']:g} CPU is less than the engine sets; use at least "
+                            f"{MIN_SHARE:g}")
     while rest:
         word = rest.pop(0)
         if word == "from" and action == "cut" and rest:
@@ -104,7 +111,10 @@ def parse(spec: str, nodes: Sequence[str], timed: bool = True) -> Fault:
             values["peers"] = peers
         elif word == "at" and rest:
             moment = rest.pop(0)
-            if moment == "step" and rest and rest[0].isdigit():
+            if moment == "step":
+                if not (rest and rest[0].isascii() and rest[0].isdigit()):
+                    raise UserError(f"fault {spec!r}: `at step` needs a step number (a whole number, 0 or more), "
+                                    f"not {(rest or ['nothing'])[0]!r}")
                 values["at_step"] = int(rest.pop(0))
             else:
                 values["at_s"] = _seconds(moment, spec)

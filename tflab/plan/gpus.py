@@ -25,7 +25,7 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 4 or not fields[0].isdigit():
+        if len(fields) != 4 or not (fields[0].isascii() and fields[0].isdigit()):
             raise UserError(f"cannot read this line of nvidia-smi's output: {line.strip()!r}")
         memory = re.match(r"(\d+)", fields[3])
         gpus.append(
@@ -39,12 +39,15 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
     return gpus
 
 
+MAX_GPUS = 1024
+
+
 def parse_gpu_list(spec: str) -> list[Gpu]:
     """Parse an explicit `--gpus` list: `0-7`, `0,1,4,5` or a mix such as `0-3,6`."""
     indices: list[int] = []
     for part in spec.split(","):
         part = part.strip()
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part)
         if not match:
             raise UserError(
                 f"--gpus {spec!r} is not a GPU list: write indices and ranges such as 0-7 or 0,1,4,5"
@@ -53,6 +56,8 @@ def parse_gpu_list(spec: str) -> list[Gpu]:
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
             raise UserError(f"--gpus {spec!r}: the range {part} runs backwards")
+        if last >= MAX_GPUS:
+            raise UserError(f"--gpus {spec!r}: GPU {last} is past the last a host can have ({MAX_GPUS - 1})")
         indices.extend(range(first, last + 1))
     if len(set(indices)) != len(indices):
         raise UserError(f"--gpus {spec!r} lists a GPU twice")

@@ -43,6 +43,9 @@ class Links:
         return ", ".join(parts) or "unshaped"
 
 
+MAX_RATE_BITS = 100e9
+
+
 def parse_rate(text: str, flag: str = "--link-rate") -> str:
     """A link rate as tc writes it (`100mbit`, `1gbit`, `10gbit`); a UserError otherwise."""
     normalised = str(text).strip().lower()
@@ -53,6 +56,8 @@ def parse_rate(text: str, flag: str = "--link-rate") -> str:
         )
     if float(match.group(1)) * RATE_UNITS[match.group(2)] < 8000:
         raise UserError(f"{flag} {text!r} is too slow for a link: use at least 8kbit")
+    if float(match.group(1)) * RATE_UNITS[match.group(2)] > MAX_RATE_BITS:
+        raise UserError(f"{flag} {text!r} is faster than tc shapes a link: use at most 100gbit")
     return normalised
 
 

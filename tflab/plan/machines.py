@@ -28,6 +28,10 @@ SHARED = "0"
 RESERVE_SHARE, RESERVE_MIN_MIB, RESERVE_MAX_MIB = 0.10, 1024, 16 * 1024
 # The warm interpreter (TensorFlow imported, ~0.5 GiB) is kept where a node has room for it and a program.
 WARM_MIN_MIB = 1024
+MIN_NODE_MIB = 64
+MIN_CPUS = 0.01  # the smallest CPU quota the engine sets (1 ms in a 100 ms period)
+MAX_CPUS = 4096
+MAX_MIB = 2**30  # 1 PiB
 SIZE_UNITS = {"": 2**-20, "b": 2**-20, "k": 2**-10, "kb": 2**-10, "m": 1, "mb": 1, "g": 2**10, "gb": 2**10,
               "t": 2**20, "tb": 2**20}
 
@@ -107,15 +111,24 @@ def check_cpu_choice(value: str, flag: str = "--cpus-per-node") -> str:
         raise UserError(f"{flag} {value!r} must be a positive number of CPUs, auto, or 0")
     if number == 0:
         return SHARED
+    if number < MIN_CPUS:
+        raise UserError(f"{flag} {value!r} is less than the engine can give a node: use at least {MIN_CPUS:g}, "
+                        "or 0 to share the host's CPUs")
+    if number > MAX_CPUS:
+        raise UserError(f"{flag} {value!r} is more CPUs than any host has (at most {MAX_CPUS})")
     return f"{int(number)}" if number == int(number) else f"{number:g}"
 
 
 def size_mib(size: str, flag: str = "--memory-per-node") -> int:
-    """A size such as `512m`, `5g`, `1.5g` in MiB."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(size))
-    if not match or match.group(2).lower() not in SIZE_UNITS:
+    """A size such as `512m`, `5g`, `1.5g` in MiB (a number without its unit is refused, 0 aside)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(size))
+    if (not match or match.group(2).lower() not in SIZE_UNITS
+            or (not match.group(2) and float(match.group(1)) != 0)):
         raise UserError(f"{flag} {size!r} is not a size: write a number and a unit, such as 512m or 4g")
-    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+    mib = float(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
+    if mib > MAX_MIB:
+        raise UserError(f"{flag} {size!r} is more memory than any host has")
+    return math.ceil(mib) if 0 < mib < 1 else int(mib)
 
 
 def check_memory_choice(value: str, flag: str = "--memory-per-node") -> str:
@@ -126,7 +139,7 @@ def check_memory_choice(value: str, flag: str = "--memory-per-node") -> str:
     mib = size_mib(text, flag)
     if mib == 0:
         return SHARED
-    if mib < 64:
+    if mib < MIN_NODE_MIB:
         raise UserError(f"{flag} {value!r} is too little for a node (its sshd alone needs some): use at least 64m")
     return text
 
@@ -194,6 +207,9 @@ def split(cpu_choice: str, memory_choice: str, blocks: Sequence[tuple[int, ...]]
             sets = cpusets(per_node, blocks, host)
         else:
             quota = math.floor(len(cpus) / count * 100) / 100  # the shares never add up to more than the host
+            if quota < MIN_CPUS:
+                raise UserError(f"{len(cpus)} CPUs over {count} nodes give each less than {MIN_CPUS:g} CPU, the "
+                                "least the engine sets; use fewer --nodes, or --cpus-per-node 0 to share them")
     elif cpu_choice not in (AUTO, SHARED):
         wanted = float(cpu_choice)
         if cpus and wanted * count > len(cpus):
@@ -208,6 +224,10 @@ def split(cpu_choice: str, memory_choice: str, blocks: Sequence[tuple[int, ...]]
     memory: int | None = None
     if memory_choice == AUTO and host.memory_mib:
         memory = (host.memory_mib - reserve_mib(host.memory_mib)) // count
+        if memory < MIN_NODE_MIB:
+            raise UserError(f"{memory_text(host.memory_mib)} of memory over {count} nodes gives each {memory_text(memory)}, "
+                            f"less than a node needs ({MIN_NODE_MIB}M); use fewer --nodes, or --memory-per-node 0 "
+                            "to share it")
     elif memory_choice not in (AUTO, SHARED):
         memory = size_mib(memory_choice)
         if host.memory_mib and memory * count > host.memory_mib:

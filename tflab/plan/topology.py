@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 from collections import Counter
@@ -111,10 +112,20 @@ def node_name(job: str, task_index: int) -> str:
     return job if job in ("chief", "evaluator") else f"{job}{task_index}"
 
 
+MAX_NODES = 4096  # what tflab.yaml opens
+
+
 def check_counts(topology: Topology) -> None:
     """Reject topologies TensorFlow cannot run, with the flag to change."""
     if topology.nodes < 1:
         raise UserError(f"--nodes must be at least 1, not {topology.nodes}")
+    try:
+        ipaddress.ip_address(topology.bind)
+    except ValueError:
+        raise UserError(f"--bind {topology.bind!r} is not an IP address (such as 127.0.0.1, or 0.0.0.0 for every "
+                        "interface)") from None
+    if topology.nodes > MAX_NODES:
+        raise UserError(f"--nodes {topology.nodes} is more than a lab holds (at most {MAX_NODES})")
     if topology.ps is not None and topology.ps < 0:
         raise UserError(f"--ps cannot be negative ({topology.ps})")
     if topology.gpus_per_node < 0:

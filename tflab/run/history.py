@@ -109,13 +109,41 @@ def save(folder: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, folder / RUN_FILE)
 
 
+NUMBER = (int, float)
+# What each key of a run.json (or an exec's record) holds, as `RunRecord.write` writes it: a file
+# edited by hand, or half-written by another tool, is read as no record rather than trusted.
+RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "task": str, "state": str, "pid": int, "pid_start": str, "host": str, "detached": bool, "node": str,
+    "id": str, "started": NUMBER, "ended": NUMBER, "duration_s": NUMBER, "verdict": str, "exit_code": int,
+    "problem": str, "result": str, "steps_per_s": NUMBER, "first_step_s": NUMBER, "note": str,
+    "faults": list, "nodes": dict,
+}
+
+
+def well_formed(data: Any) -> bool:
+    """Whether a record's known keys hold what tflab writes there (None for any of them)."""
+    if not isinstance(data, dict):
+        return False
+    for key, kind in RECORD_TYPES.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            return False
+        if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+            return False
+    nodes = data.get("nodes") or {}
+    faults = data.get("faults") or []
+    return all(isinstance(row, dict) for row in nodes.values()) and all(isinstance(row, dict) for row in faults)
+
+
 def load(folder: Path) -> dict[str, Any] | None:
-    """The run.json in `folder`, or None when there is none (or it cannot be read)."""
+    """The run.json in `folder`, or None when there is none (or it cannot be read, or is not one tflab wrote)."""
     try:
         data = json.loads((folder / RUN_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return data if isinstance(data, dict) else None
+    return data if well_formed(data) else None
 
 
 def is_live(data: dict[str, Any]) -> bool:
@@ -124,13 +152,20 @@ def is_live(data: dict[str, Any]) -> bool:
             and pid_alive(data.get("pid"), data.get("pid_start")))
 
 
+def a_runs_folder(folder: Path) -> bool:
+    """Whether a folder is a run's: tflab's own files in it, or what a task writes to /runs/TASK (checkpoints, events)."""
+    if (folder / RUN_FILE).is_file() or (folder / LOG_DIR).is_dir() or (folder / "checkpoint").is_file():
+        return True
+    return any(folder.glob("*.index")) or any(folder.glob("events.out.tfevents.*"))
+
+
 def fresh_run_dir(runs_dir: Path, task: str, resume: bool) -> Path:
     """The host side of /runs/TASK: a previous run's is moved aside (to TASK.<time>) unless resuming."""
     folder = runs_dir / task
     if folder.exists() and not resume:
-        if load(folder) is None and not (folder / LOG_DIR).is_dir():  # never move what tflab did not make
-            raise UserError(f"{folder} is not a run tflab made (no {RUN_FILE} or {LOG_DIR}/ in it), and a run of "
-                            f"{task} would move it aside: rename it, or point the lab's runs elsewhere")
+        if not a_runs_folder(folder):  # never move what tflab did not make
+            raise UserError(f"{folder} is not a run tflab made (no {RUN_FILE}, {LOG_DIR}/ or checkpoint in it), and "
+                            f"a run of {task} would move it aside: rename it, or point the lab's runs elsewhere")
         stamp_ = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
         aside = runs_dir / f"{task}.{stamp_}"
         number = 1
@@ -140,6 +175,13 @@ def fresh_run_dir(runs_dir: Path, task: str, resume: bool) -> Path:
         folder.rename(aside)
     (folder / LOG_DIR).mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def unreadable(runs_dir: Path) -> list[Path]:
+    """The folders under the runs folder whose run.json tflab cannot read as a run's."""
+    if not runs_dir.is_dir():
+        return []
+    return sorted(f for f in runs_dir.iterdir() if (f / RUN_FILE).is_file() and load(f) is None)
 
 
 def all_runs(runs_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -174,9 +216,9 @@ class ExecRecords:
         for path in sorted(self.folder.glob("*.json")):
             try:
                 data = json.loads(path.read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 continue
-            if isinstance(data, dict):
+            if well_formed(data):
                 found.append(data)
         return found
 
