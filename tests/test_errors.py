@@ -89,3 +89,24 @@ def test_the_words_after_the_dashes_stay_the_commands() -> None:
     assert hoist_options(params, ["worker0", "train", "--resume", "--grace=5"]) == [
         "--resume", "--grace=5", "worker0", "train"]
     assert hoist_options(params, ["worker0", "--", "python", "-c", "1"]) == ["worker0", "--", "python", "-c", "1"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # issue 30.13: each says what is wrong with the value, before the engine is asked anything
+    (["exec", "worker0", "--grace", "-3", "--lab", "{lab}", "train"], "--grace must be 0 or more seconds, not -3.0"),
+    (["exec", "worker0", "--grace", "nan", "--lab", "{lab}", "train"], "--grace must be 0 or more seconds, not nan"),
+    (["run", "train", "--grace", "inf", "--lab", "{lab}"], "--grace must be 0 or more and --timeout more than 0"),
+    (["run", "train", "--fault", "kill worker0 at step -5", "--lab", "{lab}"],
+     "`at step` needs a step number (a whole number, 0 or more), not '-5'"),
+    (["top", "--interval", "nan", "--lab", "{lab}"], "--interval must be between 0.2 and 3600 seconds, not nan"),
+    (["gen", "--lab", "{lab}/other", "--bind", "1.2.3.999"], "--bind '1.2.3.999' is not an IP address"),
+])
+def test_bad_values_are_named_before_the_engine_is_asked(runner, lab: Path, monkeypatch, argv, message) -> None:
+    def no_engine():
+        raise AssertionError("the engine was asked")
+
+    monkeypatch.setattr(daemon, "client", no_engine)
+    result = runner.invoke(cli, [word.replace("{lab}", str(lab)) for word in argv])
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stderr.strip() == f"tflab: error: {message}" or message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

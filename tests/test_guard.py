@@ -168,6 +168,17 @@ def test_a_missing_program_exits_127_with_a_sentence(guard, state: Path) -> None
     assert released(child) == "tflab: /workspace/nowhere.sh: no such file (exit 127)\n" and child.returncode == 127
 
 
+def test_an_unbalanced_quote_and_the_shells_own_words_run_as_a_shell_runs_them(guard, state: Path) -> None:
+    # issue 30.13: the guard crashed with a Python error on an unbalanced quote; `exec prog` exited 127
+    child = guard("run", "k:quote", "--shell", "echo 'unterminated")
+    out = released(child)
+    assert child.returncode == 2 and "Traceback" not in out and "unterminated" in out.lower(), out
+    child = guard("run", "k:exec", "--shell", "exec printf ran")
+    assert released(child) == "ran" and child.returncode == 0
+    child = guard("run", "k:cd", "--shell", "A=1 cd /")
+    assert released(child) == "" and child.returncode == 0
+
+
 def test_a_stop_line_or_the_end_of_the_connection_stops_the_whole_group(guard, state: Path) -> None:
     for how in ("stop", "close"):
         child = guard("run", f"k:{how}", "--grace", "0.5", "--shell", "trap '' TERM; sleep 300 & sleep 300 & wait")

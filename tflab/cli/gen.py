@@ -49,6 +49,18 @@ def lab_relative(path: str | None, root: Path, flag: str) -> str | None:
     return os.path.relpath(folder, root)
 
 
+def running_here(root: Path) -> bool:
+    """Whether the lab already in `root` has nodes running (False where there is none, or no engine to ask)."""
+    if not (root / cfg.LAB_FILE).exists():
+        return False
+    try:
+        from tflab.cli.common import backend
+
+        return any(node.running for node in backend(labfiles.open_lab(root)).status().values())
+    except Exception:  # noqa: BLE001 (a lab that cannot be read, or no engine: then the ports' own message)
+        return False
+
+
 def placements(values: list[str], node_names: list[str]) -> dict[str, str]:
     """`--place NODE=HOST` options as a mapping, every node a node of the lab."""
     out: dict[str, str] = {}
@@ -157,12 +169,20 @@ def gen(
         swarm=swarm,
         warm=warm,
     )
+    if (root / cfg.LAB_FILE).exists() and not force:
+        raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
     if target == "compose":
-        ports.require_free(
-            bind,
-            [(n.name, "SSH", n.ssh_port) for n in planned.nodes]
-            + [(n.name, "TensorBoard", n.tensorboard_port) for n in planned.nodes],
-        )
+        try:
+            ports.require_free(
+                bind,
+                [(n.name, "SSH", n.ssh_port) for n in planned.nodes]
+                + [(n.name, "TensorBoard", n.tensorboard_port) for n in planned.nodes],
+            )
+        except UserError:
+            if running_here(root):
+                raise UserError(f"the lab in {root} is up: `tflab down --lab {root}` first, then gen --force "
+                                "(its nodes hold its ports)") from None
+            raise
     written = labfiles.write_lab(config, root, force, scaffold)
     out = console()
     out.print(views.lab_table(written.lab, bind, title=f"lab {config.name} in {root}"))

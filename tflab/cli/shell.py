@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import shlex
@@ -24,7 +25,7 @@ from tflab.cli.common import (
 from tflab.engine import guardcmd
 from tflab.engine.backend import LabBackend
 from tflab.engine.executors import ssh_argv
-from tflab.errors import UserError
+from tflab.errors import Interrupted, UserError
 from tflab.host import locks, proc
 from tflab.host.signals import stop_signals
 from tflab.plan import tasks
@@ -47,6 +48,8 @@ def exec_(
     unless --resume); execs of the same task in other terminals join it. Servers are stopped
     when the last exec using them ends.
     """
+    if grace is not None and not 0 <= grace < math.inf:  # before anything is asked of the engine
+        raise UserError(f"--grace must be 0 or more seconds, not {grace}")
     lf = open_lab(lab)
     lf.lab.node(node)
     check_via(via)
@@ -63,8 +66,6 @@ def exec_(
         argv = words or ["bash", "-l"]
         use_tty = sys.stdin.isatty() and sys.stdout.isatty() if tty is None else tty
         sys.exit(_exec_command(side, node, argv, use_tty, via))
-    if grace is not None and grace < 0:
-        raise UserError("--grace must be 0 or more seconds")
     task_lock = locks.try_lock(locks.task_lock_path(lf.state_dir, task.name), shared=True)
     if task_lock is None:
         raise UserError(f"run {task.name} is going (`tflab attach {task.name}` follows it, `tflab stop {task.name}` "
@@ -79,8 +80,15 @@ def exec_(
         warm=lf.warm and task.preload,
     )
     executor = side.executor([node, *setup.servers], via)
-    output = StreamOut()
     err = err_console()
+
+    def stdout_closed() -> None:  # `tflab exec worker0 train | head`: the exec ends, as the pipe's writer would
+        try:
+            session.interrupt("its output was closed")
+        except Interrupted:
+            pass
+
+    output = StreamOut(on_broken=stdout_closed)
     session = ExecSession(executor, setup, output, lambda message: err.print(f"tflab: {message}", markup=False))
     with stop_signals(session.interrupt):
         result = session.run()
@@ -98,14 +106,17 @@ def exec_verdict(node: str, task: str, result: ExecResult) -> str:
     return f"{line}: {result.problem}" if result.problem and result.verdict != "interrupted" else line
 
 
+SIGPIPE_EXIT = 128 + 13
+
+
 def _exec_command(side: LabBackend, node: str, argv: list[str], use_tty: bool, via: str) -> int:
     """Any command in a node: on this terminal (`docker exec -it`, `ssh -t`), else attached through the guard."""
     if use_tty:
         return proc.interactive(side.interactive(node, argv, via))
     executor = side.executor([node], via)
     key = guardcmd.exec_key("cmd", node, str(os.getpid()))
-    output = StreamOut()
     events: queue.SimpleQueue = queue.SimpleQueue()
+    output = StreamOut(on_broken=lambda: events.put(("stop", "its output was closed", False)))
     process = executor.start(node, guardcmd.run_argv(key, argv), output,
                              lambda code, reason: events.put(("exit", code, reason)))
     # Like `run`, stop the command in the node on Ctrl-C (a bare `docker exec` would leave it running).
@@ -116,6 +127,8 @@ def _exec_command(side: LabBackend, node: str, argv: list[str], use_tty: bool, v
                 break
             process.close()
     output.finish()
+    if output.broken:
+        return SIGPIPE_EXIT  # as a program writing into a closed pipe ends
     if first is None:
         err_console().print(f"tflab: the command in {node} ended with no exit code: {second}", markup=False)
         return 255

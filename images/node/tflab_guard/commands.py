@@ -16,6 +16,10 @@ import sys
 
 # What needs a shell beyond words and quotes (shlex reads quotes and backslashes as sh does).
 SHELL_CHARS = set("|&;<>()$`*?[]{}~#\n")
+# The shell's own words (builtins and keywords): no program of that name is on PATH to look up.
+SHELL_WORDS = frozenset(["exec", "cd", "export", "source", ".", "set", "unset", "eval", "if", "for", "while",
+                         "until", "case", "command", "builtin", "trap", "ulimit", "umask", "alias", "read",
+                         "wait", "shift", "time", "!", "{", "readonly", "local", "type", "hash"])
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 TF_IMPORT = re.compile(r"^\s*(import\s+tensorflow|from\s+tensorflow)\b", re.MULTILINE)
@@ -45,7 +49,13 @@ def plan_command(shell=None, argv=None):
     if shell is not None:
         if SHELL_CHARS & set(shell):
             return Plan("shell", ["sh", "-c", shell])
-        words = shlex.split(shell)
+        try:
+            words = shlex.split(shell)
+        except ValueError:  # an unbalanced quote: the shell says so, as it would have
+            return Plan("shell", ["sh", "-c", shell])
+        first = [w for w in words if not ASSIGNMENT.match(w)][:1]
+        if first and first[0] in SHELL_WORDS:  # `exec prog`, `cd dir && ...`: the shell's own words
+            return Plan("shell", ["sh", "-c", shell])
     else:
         words = list(argv or [])
     env = {}
