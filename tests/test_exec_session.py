@@ -183,3 +183,52 @@ def test_an_exec_keeps_a_record_and_its_node_log(tmp_path: Path) -> None:
     assert record["ended"] >= record["started"]
     assert (tmp_path / "runs" / "train" / history.LOG_DIR / "worker1.log").read_text() == "step 1\ndone\n"
     assert json.loads((tmp_path / "state" / "execs" / "train" / f"worker1-{record['id']}.json").read_text())
+
+
+def test_a_failed_chief_exec_ends_a_waiting_workers_exec_at_once(tmp_path: Path) -> None:
+    # issue 30.2: the worker's exec stayed silent for 97 s when the chief's exec failed
+    nodes = FakeNodes((["waiting for the chief"], 0, 3600))
+    worker, said = session(tmp_path, nodes, plan=worker_plan(stop_hung=False))
+    threading.Timer(0.5, chief_finished, args=(tmp_path, 1)).start()
+    started = time.monotonic()
+    result = worker.run()
+    assert time.monotonic() - started < 5
+    assert result.verdict == "failed" and result.code != 0
+    assert result.problem.startswith("the chief (worker0) exited with 1 in its own exec"), result.problem
+
+
+class Frozen(FakeNodes):
+    """A paused node: its process ignores the guard's stop, and killing it by force fails too."""
+
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
+        process = super().start(node, argv, on_output, on_exit, env, workdir)
+        if argv[2] != "hold":
+            process.close = lambda: None  # frozen: never ends
+        return process
+
+    def run(self, node, argv, env=None, workdir="/"):
+        if argv[2] == "stop" and node == "worker1":
+            from tflab.errors import EngineError
+
+            raise EngineError("the engine refused: container is paused")
+        return super().run(node, argv, env, workdir)
+
+
+def test_a_second_ctrl_c_ends_the_exec_even_when_the_node_will_not_stop(tmp_path: Path, monkeypatch) -> None:
+    # issue 30.2: a paused node kept `tflab exec` running 45 s after a double Ctrl-C, with a thread's traceback
+    from tflab.run import exec_session
+
+    monkeypatch.setattr(exec_session, "FORCE_WAIT_S", 1.0)
+    nodes = Frozen((["step 1"], 0, 3600))
+    worker, said = session(tmp_path, nodes, plan=worker_plan(stop_hung=False))
+    threading.Timer(0.5, worker.interrupt, args=("interrupted", False)).start()
+    threading.Timer(0.8, worker.interrupt, args=("interrupted", True)).start()
+    errors: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    started = time.monotonic()
+    result = worker.run()
+    assert time.monotonic() - started < 5
+    assert (result.verdict, result.code) == ("interrupted", 130)
+    assert any("did not stop within 1s of the second Ctrl-C" in line for line in said), said
+    assert any("could not kill worker1's train" in line for line in said), said
+    assert errors == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,15 +133,22 @@ def check_via(via: str) -> str:
 
 
 class StreamOut:
-    """A node's raw output passed to our stdout/stderr; TensorFlow's start-up noise dropped from stderr."""
+    """A node's raw output passed to our stdout/stderr; TensorFlow's start-up noise dropped from stderr.
 
-    def __init__(self) -> None:
+    A closed stdout (`tflab exec worker0 -- yes | head -1`) calls `on_broken` once, which ends the
+    command in the node as a closed pipe ends a program; what comes after is dropped.
+    """
+
+    def __init__(self, on_broken: Callable[[], None] | None = None) -> None:
         self.splitter = LineSplitter()
         self.out = sys.stdout.buffer
         self.err = sys.stderr.buffer
         self.broken = False
+        self.on_broken = on_broken
 
     def __call__(self, chunk: bytes, is_err: bool) -> None:
+        if self.broken:
+            return
         try:
             if not is_err:
                 self.out.write(chunk)
@@ -149,9 +156,11 @@ class StreamOut:
                 return
             lines = self.splitter.feed(chunk)
             self._err_lines(lines)
-        except BrokenPipeError as exc:
+        except BrokenPipeError:
             self.broken = True
-            raise StdoutClosed("stdout was closed") from exc
+            silence_stdout()
+            if self.on_broken is not None:
+                self.on_broken()
 
     def _err_lines(self, lines: list[str]) -> None:
         kept = [line for line in lines if keep_line(line)]

@@ -57,6 +57,7 @@ TICK_S = 0.2
 RECORD_EVERY_S = 2.0
 WATCH_S = 0.5
 HOLD_TIMEOUT_S = 30.0
+FORCE_WAIT_S = 10.0  # after the second Ctrl-C, how long a process that will not stop is waited on
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,13 @@ class ExecSession:
                     self.events.put(PeerEnded(chief, record.get("exit_code"), self.clock()))
                     return
 
+    def _force_stop(self, key: str) -> None:
+        """The second Ctrl-C: the node's process group killed now (an engine that cannot is said, not raised)."""
+        try:
+            self.executor.run(self.setup.node, guardcmd.stop([key], force=True))
+        except TflabError as exc:
+            self.say(f"could not kill {self.setup.node}'s {self.setup.task}: {exc}")
+
     def _run_node(self, log_path: Path) -> ExecResult:
         setup = self.setup
         key = guardcmd.exec_key(setup.task, setup.node, self.owner)
@@ -258,8 +266,9 @@ class ExecSession:
             log.flush()
             for line in splitter.feed(chunk):
                 reading = reader.read(line)
-                self.events.put(OutputEvent(setup.node, self.clock(), reading.step if reading else None,
-                                            reading.rate if reading else None))
+                if reading is not None or (line.strip() and not progress.is_noise(line)):  # a sign of life
+                    self.events.put(OutputEvent(setup.node, self.clock(), reading.step if reading else None,
+                                                reading.rate if reading else None))
             self.on_output(chunk, is_err)
 
         def on_exit(code: int | None, reason: str | None) -> None:
@@ -275,6 +284,7 @@ class ExecSession:
         watching = threading.Event()
         background(self._watch_chief, watching, name="watch-chief")
         interrupted: str | None = None
+        forced_at: float | None = None
         last_record = self.clock()
         try:
             while not machine.finished or machine.running():
@@ -288,9 +298,16 @@ class ExecSession:
                         self.say(action.message)
                     elif isinstance(action, Stop):
                         if action.force:
-                            background(self.executor.run, setup.node, guardcmd.stop([key], force=True),
-                                       name="force-stop")
+                            forced_at = forced_at or self.clock()
+                            background(self._force_stop, key, name="force-stop")
                         process.close()  # the guard stops the process group: TERM, then KILL
+                if forced_at is not None and self.clock() - forced_at > FORCE_WAIT_S and machine.running():
+                    # a frozen (paused) node's process cannot be stopped: say so and leave, as `run` does
+                    self.say(f"{setup.node} did not stop within {FORCE_WAIT_S:g}s of the second Ctrl-C (is it "
+                             "paused? `tflab fault clear`); left to the node")
+                    for name in machine.running():
+                        machine.handle(Exited(name, None, self.clock(), "did not stop; left running"))
+                    break
                 try:
                     event = self.events.get(timeout=TICK_S)
                 except queue.Empty:

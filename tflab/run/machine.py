@@ -549,10 +549,16 @@ class RunMachine:
         return [Say(f"starting {', '.join(names)} again (attempt {attempt})"), Start(names, attempt=attempt)]
 
     def _peer_ended(self, event: PeerEnded) -> list[Action]:
-        if event.node == self.plan.chief and event.code == 0 and self.chief_ended is None and not self.finished:
+        if event.node != self.plan.chief or self.chief_ended is not None or self.finished:
+            return []
+        if event.code == 0:
             self.chief_ended = event.t
             return [Say(f"the chief ({event.node}) has finished")]
-        return []
+        # As in a run, a failed worker ends the training: this exec's worker would wait on it for ever.
+        how = f"exited with {event.code}" if event.code is not None else "ended with no exit code"
+        problem = f"the chief ({event.node}) {how} in its own exec; the training cannot go on without it"
+        self.problems.append(problem)
+        return self._end("failed", 1, problem, verdict_for_running="stopped")
 
     def _oom(self, node: NodeState, event: Exited) -> list[Action]:
         node.verdict = "oom"
