@@ -123,6 +123,34 @@ def test_two_terminals_the_seeds_way_ten_times_in_a_row(exec_lab: Path, docker_c
     assert task_processes(docker_client, labfiles.open_lab(exec_lab).project) == {}
 
 
+def test_a_ps_exec_in_its_own_terminal_is_joined_and_a_closed_pipe_ends_an_exec(exec_lab: Path,
+                                                                              docker_client) -> None:
+    """Issue 30.3: `exec ps0 T`, then the workers' execs: one ps0 (a second died on its port before)."""
+    add_tasks(exec_lab, {"short": SHORT})
+    project = labfiles.open_lab(exec_lab).project
+    ps = Terminal(exec_lab, "ps0", "short")
+    ps.wait_for("ps0: serving the model's variables on ps0:2222")
+    chief = Terminal(exec_lab, "worker0", "short")
+    worker = Terminal(exec_lab, "worker1", "short")
+    (chief_code, chief_text), (worker_code, worker_text) = chief.end(timeout=240), worker.end(timeout=240)
+    assert (chief_code, worker_code) == (0, 0), f"{chief_text[-2000:]}\n{worker_text[-2000:]}"
+    joined = "tflab: ps0 is serving on ps0:2222 (its own exec, in another terminal: this exec joins it)"
+    assert joined in chief_text and joined in worker_text
+    assert "stopped ps0" not in chief_text + worker_text, "ps0's own exec ends it"
+    log = (exec_lab / "runs" / "short" / "logs" / "ps0.log").read_text()
+    assert "serving the model's variables" in log and "Address already in use" not in log, log[-2000:]
+    ps.child.send_signal(signal.SIGINT)
+    code, text = ps.end()
+    assert code == 130, text[-2000:]
+    assert task_processes(docker_client, project) == {}
+
+    # `| head -1` closes tflab's stdout: the command in the node ends too, and so does tflab
+    piped = subprocess.run(f"{sys.executable} -m tflab exec --lab {exec_lab} worker0 -- yes | head -1",
+                           shell=True, capture_output=True, text=True, timeout=60)
+    assert piped.stdout == "y\n", piped.stderr[-2000:]
+    assert task_processes(docker_client, project) == {}
+
+
 HANGS = """import os, sys, time
 print("step 1", flush=True)
 if os.environ["TFLAB_NODE"] == "worker0":

@@ -107,7 +107,7 @@ def test_an_exec_holds_the_servers_before_it_looks_at_them(tmp_path: Path) -> No
     verbs = [verb for _, node, verb in nodes.calls if node == "ps0"]
     assert verbs[:3] == ["hold", "stop", "serve"]
     held_at = next(t for t, _, verb in nodes.calls if verb == "hold") + 0.5
-    looked_at = next(t for t, _, verb in nodes.calls if verb in ("alive", "stop"))
+    looked_at = next(t for t, node, verb in nodes.calls if node == "ps0" and verb in ("alive", "stop"))
     assert looked_at >= held_at - 0.05, "the lease is held (the guard said so) before the servers are looked at"
 
 
@@ -232,3 +232,28 @@ def test_a_second_ctrl_c_ends_the_exec_even_when_the_node_will_not_stop(tmp_path
     assert any("did not stop within 1s of the second Ctrl-C" in line for line in said), said
     assert any("could not kill worker1's train" in line for line in said), said
     assert errors == []
+
+
+def test_an_exec_of_a_server_in_another_terminal_is_joined_not_started_twice(tmp_path: Path) -> None:
+    # issue 30.3: `exec ps0 T`, then `exec worker0 T`: the second started a second ps0 ("Address already in use")
+    ExecRecords(tmp_path / "state" / "execs" / "train").write("ps0", {
+        "task": "train", "node": "ps0", "id": "other", "pid": os.getpid(), "started": time.time(), "ended": None})
+    nodes = FakeNodes((["step 1"], 0, 0.1))
+    result, said = session(tmp_path, nodes, node="worker0")
+    assert result.run().verdict == "ok"
+    ps0 = [verb for _, node, verb in nodes.calls if node == "ps0"]
+    assert "serve" not in ps0 and "stop" not in ps0, ps0
+    assert "ps0 is serving on ps0:2222 (its own exec, in another terminal: this exec joins it)" in said, said
+
+
+def test_an_exec_of_a_server_that_already_serves_the_task_is_refused(tmp_path: Path) -> None:
+    # the other order: `exec worker0 T` started ps0's server; `exec ps0 T` would start a second one
+    import pytest
+
+    from tflab.errors import UserError
+
+    nodes = FakeNodes((["serving"], 0, 0.1), serving={"ps0"})
+    ps0, _ = session(tmp_path, nodes, node="ps0", servers=())
+    with pytest.raises(UserError, match="ps0 already serves train for the exec of another: a second one would find"):
+        ps0.run()
+    assert not [verb for _, node, verb in nodes.calls if verb in ("run", "serve")]

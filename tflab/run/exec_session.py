@@ -110,6 +110,7 @@ class ExecSession:
         self.records = history.ExecRecords(setup.records)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.holders: dict[str, Attached] = {}
+        self.exec_nodes: set[str] = set()  # servers that another terminal runs as its own exec
         self.node_started = False
         self.started_wall = time.time()
         self.record: dict[str, Any] = {}
@@ -129,7 +130,14 @@ class ExecSession:
         result: ExecResult | None = None
         try:
             with file_lock(setup.lock):
-                fresh = not self.records.live(exclude=self.owner)
+                others = self.records.live(exclude=self.owner)
+                fresh = not others
+                if setup.plan is None and self.executor.run(
+                        setup.node, guardcmd.alive(guardcmd.serve_key(setup.task, setup.node)))[0] == 0:
+                    users = sorted({str(r.get("node")) for r in others}) or ["another"]
+                    raise UserError(f"{setup.node} already serves {setup.task} for the exec of {', '.join(users)}: a "
+                                    f"second one would find its port taken; that exec stops it when it ends")
+                self.exec_nodes = {str(r.get("node")) for r in others}
                 folder = history.fresh_run_dir(setup.runs_dir, setup.task, resume=setup.resume or not fresh)
                 if fresh:
                     self.say(f"{setup.task}: " + (f"resuming from the outputs in {folder}" if setup.resume
@@ -182,6 +190,8 @@ class ExecSession:
 
         def start(name: str) -> bool:
             key = guardcmd.serve_key(setup.task, name)
+            if name in self.exec_nodes:
+                return False  # another terminal's `tflab exec NAME TASK` runs this server itself
             if not restart and self.executor.run(name, guardcmd.alive(key))[0] == 0:
                 return False
             # A fresh session, or a server gone: nothing of an earlier one may serve it.
@@ -193,8 +203,9 @@ class ExecSession:
 
         started = dict(zip(setup.servers, parallel(start, setup.servers)))
         probes = dict(zip(setup.servers, parallel(
-            lambda name: self.executor.run(name, guardcmd.probe(name, guardcmd.serve_key(setup.task, name),
-                                                                setup.ready_timeout_s))[0],
+            lambda name: self.executor.run(name, guardcmd.probe(
+                name, None if name in self.exec_nodes else guardcmd.serve_key(setup.task, name),
+                setup.ready_timeout_s))[0],
             setup.servers)))
         for name in setup.servers:
             if probes[name] == 3:
@@ -203,7 +214,8 @@ class ExecSession:
             if probes[name] != 0:
                 raise UserError(f"{name} did not serve on port {GRPC_PORT} within {setup.ready_timeout_s:g}s; "
                                 f"its output is in the runs folder: {setup.task}/logs/{name}.log")
-            how = "started for this exec" if started[name] else "already serving: this exec joins it"
+            how = ("its own exec, in another terminal: this exec joins it" if name in self.exec_nodes
+                   else "started for this exec" if started[name] else "already serving: this exec joins it")
             self.say(f"{name} is serving on {name}:{GRPC_PORT} ({how})")
 
     def _release_servers(self) -> None:
@@ -213,6 +225,8 @@ class ExecSession:
         for holder in self.holders.values():
             holder.wait(5)
         for name in self.holders:
+            if name in self.exec_nodes:
+                continue  # its own exec ends it
             try:
                 if self.executor.run(name, guardcmd.held(guardcmd.lease(setup.task)))[0] == 0:
                     self.say(f"{name} keeps serving: another exec of {setup.task} uses it")
