@@ -152,3 +152,21 @@ def test_tasks_keep_their_short_form_when_it_says_everything() -> None:
     assert cfg.dump_tasks(tasks) == {
         "a": "x", "b": {"command": "y", "servers": ["ps", "worker"]}, "c": {"command": "z", "preload": False},
     }
+
+
+def test_a_moved_lab_keeps_its_project_and_a_copy_beside_it_gets_its_own(runner, tmp_path: Path, monkeypatch) -> None:
+    # issue 30.12: `mv lab lab2; tflab down --lab lab2` removed nothing (the project hashed the folder's path)
+    import shutil
+
+    from tflab.host import labfiles
+
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
+    assert runner.invoke(cli, ["gen", "--lab", str(tmp_path / "a"), "--nodes", "2"]).exit_code == 0
+    project = labfiles.open_lab(tmp_path / "a").project
+    (tmp_path / "a").rename(tmp_path / "b")
+    assert labfiles.open_lab(tmp_path / "b").project == project
+    assert f'name: "{project}"' in (tmp_path / "b" / "docker-compose.yml").read_text()
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    copy = labfiles.open_lab(tmp_path / "c")
+    assert copy.project != project, "a copy beside its original is a lab of its own"
+    assert labfiles.open_lab(tmp_path / "b").project == project

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import cli
 
 from tflab.host import labfiles
@@ -112,10 +113,24 @@ def test_two_labs_side_by_side(labs, runner) -> None:
     ip_one = exec_out(runner, first, "worker0", "getent", "hosts", "ps0").split()[0]
     ip_two = exec_out(runner, second, "worker0", "getent", "hosts", "ps0").split()[0]
     assert ip_one != ip_two
+    # gen --force over a lab that is up says `down` first (not that its own ports are taken)
+    ports = yaml.safe_load((first / "tflab.yaml").read_text())["ports"]
+    again = runner.invoke(cli, ["gen", "--lab", str(first), "--nodes", "2", "--force", "--ssh-port-base",
+                                str(ports["ssh_base"]), "--tensorboard-port-base", str(ports["tensorboard_base"])])
+    assert again.exit_code == 2 and f"the lab in {first} is up: `tflab down --lab {first}` first" in again.stderr, \
+        again.stderr
     assert runner.invoke(cli, ["down", "--lab", str(first)]).exit_code == 0
     assert labelled(labs.client, one.project) == ([], [])
     containers, networks = labelled(labs.client, two.project)
     assert len(containers) == 2 and all(c.status == "running" for c in containers) and len(networks) == 1
+    # issue 30.12: a lab moved to another folder still finds (and removes) its own containers
+    moved = second.parent / f"{second.name}-moved"
+    second.rename(moved)
+    assert labfiles.open_lab(moved).project == two.project
+    assert exec_out(runner, moved, "worker0", "hostname").strip() == "worker0"
+    gone = runner.invoke(cli, ["down", "--lab", str(moved)])
+    assert gone.exit_code == 0, gone.stderr
+    assert labelled(labs.client, two.project) == ([], [])
 
 
 def test_exec_of_unknown_node_or_task_is_one_line(labs, runner) -> None:

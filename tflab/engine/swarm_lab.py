@@ -126,7 +126,8 @@ class SwarmLab:
 
     def render(self, image: str) -> str:
         """The stack file's text, checked against the v3.13 schema and the keys stack deploy ignores."""
-        text = templates.stack_file(self.lf.lab, self.lf.config, self.lf.root, image, self.secret_names())
+        text = templates.stack_file(self.lf.lab, self.lf.config, self.lf.root, image, self.secret_names(),
+                                    self.lf.project)
         problems = schemas.stack_problems(yaml.safe_load(text))
         if problems:
             raise TflabError(f"tflab wrote a stack file `docker stack deploy` would not take: {problems[0]}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -25,10 +27,15 @@ class LabFiles:
     config: LabConfig
     lab: Lab
 
-    @property
+    @functools.cached_property
     def project(self) -> str:
-        """The compose project (or stack) name, and the `tflab.lab` label of everything it makes."""
-        return templates.project_name(self.config.name, self.root)
+        """The compose project (or stack) name, and the `tflab.lab` label of everything it makes.
+
+        Named once, for the folder `gen` wrote, and kept in the lab (`.tflab/identity.json`): a lab
+        moved elsewhere (`mv lab lab2`) still finds its containers; a copy beside its original
+        (which still holds the lab) is a lab of its own.
+        """
+        return project_of(self.root, self.config.name)
 
     @property
     def compose_path(self) -> Path:
@@ -109,7 +116,7 @@ class LabFiles:
 
     def write_compose(self, image: str) -> bool:
         """Write the compose file again from tflab.yaml, naming `image`; True when it changed."""
-        text = templates.compose_file(self.lab, self.config, self.root, image)
+        text = templates.compose_file(self.lab, self.config, self.root, image, self.project)
         if self.compose_path.is_file() and self.compose_path.read_text() == text:
             return False
         self.compose_path.write_text(text)
@@ -159,6 +166,34 @@ def check_folders(config: LabConfig, root: Path) -> None:
                             f"point {key} at a folder of the project's own")
 
 
+IDENTITY = "identity.json"
+
+
+def project_of(root: Path, name: str) -> str:
+    """The lab's project: the one named at gen where the lab was moved since, else the one of this folder."""
+    here = templates.project_name(name, root)
+    try:
+        identity = json.loads((root / STATE_DIR / IDENTITY).read_text())
+        project, made_in = str(identity["project"]), Path(str(identity["root"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return here
+    if made_in == root:
+        return project
+    if not (made_in / cfg.LAB_FILE).exists():  # moved here: the lab is here now (a copy of it is another lab)
+        try:
+            write_identity(root, project)
+        except OSError:
+            pass
+        return project
+    return here  # a copy: the original is still there, with its own containers
+
+
+def write_identity(root: Path, project: str) -> None:
+    """Keep the lab's project in the lab, for wherever the folder goes."""
+    (root / STATE_DIR).mkdir(exist_ok=True)
+    (root / STATE_DIR / IDENTITY).write_text(json.dumps({"project": project, "root": str(root)}) + "\n")
+
+
 def check_paths(config: LabConfig, root: Path, scaffold: dict[str, dict[str, bytes]]) -> None:
     """Code and data folders exist (or are about to be written) and hold none of the lab's own files."""
     check_folders(config, root)
@@ -188,7 +223,8 @@ def write_lab(config: LabConfig, root: Path, force: bool,
     lab = plan(config.topology, config.gpus, config.host)
     lab_yaml = cfg.to_yaml(config)
     context = image_files.image_context(config)
-    compose = templates.compose_file(lab, config, root, image_files.image_tag(context))
+    project = project_of(root, config.name)  # an existing lab's (gen --force) stays its own
+    compose = templates.compose_file(lab, config, root, image_files.image_tag(context), project)
     from tflab.host import keys  # cryptography: only gen needs it
 
     pair = keys.new_key_pair(f"tflab-{config.name}")
@@ -219,6 +255,7 @@ def write_lab(config: LabConfig, root: Path, force: bool,
         handle.write(pair.private)
     (keys_dir / cfg.PUBLIC_KEY).write_text(pair.public)
     (root / cfg.COMPOSE_FILE).write_text(compose)
+    write_identity(root, project)
     # tflab.yaml last: a lab folder without it is not a lab, so an interrupted gen is no lab.
     (root / cfg.LAB_FILE).write_text(lab_yaml)
     return LabFiles(root=root, config=config, lab=lab)

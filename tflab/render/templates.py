@@ -91,11 +91,11 @@ def node_values(lab: Lab) -> list[dict[str, Any]]:
     ]
 
 
-def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str) -> str:
-    """The compose file's text for `lab`."""
+def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, project: str | None = None) -> str:
+    """The compose file's text for `lab` (its project: the lab's own, else the one of its folder)."""
     return render(
         "docker-compose.yml.j2",
-        project=project_name(config.name, lab_dir),
+        project=project or project_name(config.name, lab_dir),
         nodes=node_values(lab),
         image=image,
         shm_size=config.shm_size,
@@ -119,7 +119,8 @@ def size_bytes(size: str) -> int:
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
 
 
-def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_names: tuple[str, str]) -> str:
+def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_names: tuple[str, str],
+               project: str | None = None) -> str:
     """The swarm stack file's text for `lab` (absolute paths: swarm does not read them relative)."""
     cfg.check_swarm_bind(lab.topology.bind)
     nodes = node_values(lab)
@@ -130,7 +131,7 @@ def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_na
         mounts.append(Volume(str((lab_dir / config.data).resolve()), "/data", True))
     return render(
         "docker-stack.yml.j2",
-        stack=project_name(config.name, lab_dir),
+        stack=project or project_name(config.name, lab_dir),
         stack_file=cfg.STACK_FILE,
         nodes=nodes,
         image=image,
