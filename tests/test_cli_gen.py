@@ -207,3 +207,19 @@ def test_links_and_swarm_settings_are_recorded(runner, tmp_path: Path) -> None:
     assert saved["target"] == "swarm" and saved["swarm"] == {"place": {"ps0": "host-a"}, "registry": "reg.example:5000"}
     assert saved["image"]["memlock"] is None
     assert "links: 100mbit, 5 ms delay on every node's egress" in result.stdout
+
+
+def test_help_reads_plainly_piped_and_gen_groups_its_options(runner) -> None:
+    # issue 28: `\[default: 4]` in every --help; gen's 30 options in one block
+    from tflab.cli.app import app
+
+    names = [c.name for c in app.registered_commands] + ["render k8s", "fault kill", "fault clear"]
+    for name in names:
+        result = runner.invoke(cli, [*name.split(), "--help"], terminal_width=60)
+        assert result.exit_code == 0, (name, result.stderr)
+        assert "\\[" not in result.stdout, (name, result.stdout)
+    text = runner.invoke(cli, ["gen", "--help"], terminal_width=100).stdout
+    assert "[default: 4]" in text
+    headings = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert headings == ["Topology:", "A node's resources:", "Ports:", "Images, code and data:", "Links and faults:",
+                        "Beyond one host:", "The lab:", "Options:"], headings

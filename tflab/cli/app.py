@@ -120,7 +120,31 @@ def _root(
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 
 
-class NodeCommand(TyperCommand):
+class PlainHelp(click.HelpFormatter):
+    """Help as plain text, in a terminal and piped: `[default: 4]`, not Typer's Rich-escaped `\\[default: 4]`."""
+
+    def write_dl(self, rows: Any, col_max: int = 30, col_spacing: int = 2) -> None:
+        super().write_dl([(term, text.replace("\\[", "[")) for term, text in rows], col_max, col_spacing)
+
+
+click.Context.formatter_class = PlainHelp
+
+
+class PanelCommand(TyperCommand):
+    """A command whose options are listed in their help panels (topology, resources, ...), in plain text."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        for title, rows in panels.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+class NodeCommand(PanelCommand):
     """`exec`/`ssh`: tflab's options may follow NODE (and a task's name) up to `--`; after it, all is the command's.
 
     Click ends the options at NODE so that the `--` stays among the arguments (it tells a command
@@ -156,7 +180,7 @@ def hoist_options(params: list[click.Parameter], args: list[str]) -> list[str]:
     return options + words + args[end:]
 
 
-app.command("gen")(gen_cmd.gen)
+app.command("gen", cls=PanelCommand)(gen_cmd.gen)
 app.command("base")(lifecycle_cmd.base)
 app.command("build")(lifecycle_cmd.build)
 app.command("up")(lifecycle_cmd.up)
