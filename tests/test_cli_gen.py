@@ -206,7 +206,7 @@ def test_links_and_swarm_settings_are_recorded(runner, tmp_path: Path) -> None:
     assert saved["links"] == {"rate": "100mbit", "delay_ms": 5.0}
     assert saved["target"] == "swarm" and saved["swarm"] == {"place": {"ps0": "host-a"}, "registry": "reg.example:5000"}
     assert saved["image"]["memlock"] is None
-    assert "links: 100mbit, 5 ms delay on every node's egress" in result.stdout
+    assert "links: 100mbit, 5 ms delay on every node's link, both ways" in result.stdout
 
 
 def test_help_reads_plainly_piped_and_gen_groups_its_options(runner) -> None:

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import REPO, cli
 from test_docker_run import lines_of
 
 from tflab.host import labfiles
@@ -73,5 +73,27 @@ def test_a_swarm_lab_trains_over_docker_exec_and_over_ssh_and_goes_away(swarm, l
         assert swarm.services.list(filters=label) == []
         assert swarm.containers.list(all=True, filters=label) == []
         assert swarm.networks.list(filters=label) == []
+    finally:
+        subprocess.run(["docker", "stack", "rm", lf.project], capture_output=True)
+
+
+def test_three_workers_into_one_node_share_its_link_on_a_swarm_too(swarm, labs, runner) -> None:
+    """Issue 26.1 on a swarm lab: a node's shaped link holds its rate for what it receives too."""
+    import re
+
+    from test_docker_run import add_tasks
+
+    lab = labs.gen("--target", "swarm", "--bind", "0.0.0.0", "--link-rate", "20mbit", nodes=4,
+                   code=REPO / "tests" / "programs")
+    add_tasks(lab, {"into": "python /workspace/blast.py in {job_name} {node} 8 3"})
+    lf = labfiles.open_lab(lab)
+    try:
+        up = runner.invoke(cli, ["up", "--lab", str(lab)])
+        assert up.exit_code == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        into = runner.invoke(cli, ["run", "into", "--lab", str(lab)])
+        assert into.exit_code == 0, into.stdout[-3000:] + into.stderr[-2000:]
+        received = float(re.search(r"ps0: received ([\d.]+) Mbit/s from 3 workers at once", into.stdout).group(1))
+        assert 16 <= received <= 24, f"three workers into one 20mbit swarm node: {received} Mbit/s"
+        assert runner.invoke(cli, ["down", "--lab", str(lab)]).exit_code == 0
     finally:
         subprocess.run(["docker", "stack", "rm", lf.project], capture_output=True)

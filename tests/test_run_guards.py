@@ -43,7 +43,7 @@ def test_a_task_in_use_is_not_run_again_and_its_folder_stays(runner, lab: Path, 
     lf = open_lab(lab)
     (lf.runs_dir / "train").mkdir(parents=True)
     (lf.runs_dir / "train" / "model.ckpt.index").write_text("the running job's")
-    lf.state_dir.mkdir()
+    lf.state_dir.mkdir(exist_ok=True)
     holder = hold_in_another_process(locks.task_lock_path(lf.state_dir, "train"), shared)
     try:
         result = runner.invoke(cli, ["run", "train", "--lab", str(lab)])

@@ -1,6 +1,6 @@
 #!/bin/sh
 # tflab's faults inside a node (they need NET_ADMIN: a lab made with --faults or link shaping).
-#   fault.sh slow RATE BURST       every interface but lo sends at RATE (tc tbf)
+#   fault.sh slow RATE BURST       every interface but lo sends and receives at RATE (shape.sh)
 #   fault.sh unslow                back to the lab's own links (shape.sh), or unshaped
 #   fault.sh cut PEER...           drop this node's traffic to and from PEERs (names of the lab's nodes)
 #   fault.sh uncut                 every rule of tflab's gone
@@ -8,16 +8,13 @@
 # Rules live in one chain of tflab's own (TFLAB-CUT), so healing never touches anything else.
 set -u
 chain=TFLAB-CUT
-interfaces() { for path in /sys/class/net/*; do [ "${path##*/}" = lo ] || echo "${path##*/}"; done; }
+interfaces() { for path in /sys/class/net/*; do case "${path##*/}" in lo|tfi*) ;; *) echo "${path##*/}" ;; esac; done; }
 
 case "${1:-}" in
   slow)
-    for dev in $(interfaces); do
-      out=$(tc qdisc replace dev "$dev" root handle 1: tbf rate "$2" burst "$3" latency 200ms 2>&1) \
-        || { echo "tflab: cannot slow $dev: $out" >&2; exit 1; }
-    done ;;
+    TFLAB_LINK_RATE=$2 TFLAB_LINK_BURST=$3 TFLAB_LINK_DELAY_MS='' /usr/local/share/tflab/shape.sh \
+      || { echo "tflab: cannot slow this node's link" >&2; exit 1; } ;;
   unslow)
-    for dev in $(interfaces); do tc qdisc del dev "$dev" root 2>/dev/null; done
     /usr/local/share/tflab/shape.sh ;;
   cut)
     shift

@@ -78,7 +78,7 @@ def pause(node: NodeArg, for_s: ForOption = None, lab: LabOption = Path(".")) ->
 
 
 @app.command("slow")
-def slow(node: NodeArg, rate: Annotated[str, typer.Argument(help="Its egress rate: 10mbit, 1gbit...")],
+def slow(node: NodeArg, rate: Annotated[str, typer.Argument(help="Its link's rate, both ways: 10mbit, 1gbit...")],
          for_s: ForOption = None, lab: LabOption = Path(".")) -> None:
     """NODE's link sends at RATE (needs a lab made with --faults, or with link shaping)."""
     _do(lab, f"slow {node} {rate}", for_s)

@@ -123,11 +123,17 @@ def logs(
         raise typer.Exit(130) from None
 
 
+def plural(count: int, noun: str) -> str:
+    """`1 node`, `4 nodes`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def down(lab: LabOption = Path(".")) -> None:
     """Stop and remove every container and network of the lab (the runs folder stays)."""
     lf = open_lab(lab)
     with progress("down") as report:
-        report.step(f"removing the lab {lf.config.name}")
+        report.step(f"removing lab '{lf.config.name}' ({lf.project}): its nodes and network")
         removed, networks = backend(lf).down()
     if removed or networks:
-        console().print(f"removed {removed} node(s) and {networks} network(s); outputs stay in {lf.runs_dir}")
+        console().print(f"removed {plural(removed, 'node')} and {plural(networks, 'network')}; "
+                        f"outputs stay in {lf.runs_dir}")

@@ -37,6 +37,7 @@ from tflab.host.signals import stop_signals
 from tflab.plan import faults
 from tflab.plan.config import check_task_name
 from tflab.run import history
+from tflab.run.bottleneck import Limit
 from tflab.run.machine import run_plan
 from tflab.run.task_run import RunOptions, TaskRun
 
@@ -162,6 +163,10 @@ def show_verdict(out: Console, lf: LabFiles, data: dict, folder: Path) -> None:
         out.print(Text(f"tflab: {data['problem']}", style="bold red"), soft_wrap=True)
     if data.get("note"):
         out.print(Text(f"tflab: note: {data['note']}", style="yellow"), soft_wrap=True)
+    limit = data.get("limit") or {}
+    if limit.get("kind") and limit.get("evidence"):
+        out.print(Text(f"tflab: {Limit(str(limit['kind']), str(limit['evidence'])).sentence()}",
+                       style="yellow" if limit["kind"] == "host" else "cyan"), soft_wrap=True)
     out.print(f"outputs: {folder} (logs in {folder / history.LOG_DIR})", soft_wrap=True)
 
 

@@ -99,7 +99,7 @@ def status_table(lab: Lab, states: Mapping[str, NodeState], bind: str, links: Li
     caption = ("ports are published on the swarm node each runs on (mode host)" if swarm
                else f"ports are published on {bind}")
     if links:
-        caption += f"; links: {links.describe()} (each node's egress)"
+        caption += f"; links: {links.describe()} (each node's link, both ways)"
     table = Table(caption=caption)
     columns = ["node", "role", "GPUs", "state", "health", *(["host"] if swarm else []), "SSH", "TensorBoard"]
     for column in columns:
@@ -180,13 +180,13 @@ def drill_table(rows: Sequence[Mapping]) -> Table:
 
 
 def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
-    """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s."""
+    """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s, what limited it."""
     import time
 
     from tflab.run import history
 
     table = Table()
-    for column in ("run", "started", "duration", "verdict", "result", "steps/s"):
+    for column in ("run", "started", "duration", "verdict", "result", "steps/s", "limit"):
         table.add_column(column)
     for folder, data in found:
         state = data.get("state")
@@ -206,5 +206,6 @@ def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
             Text(verdict, style=VERDICT_COLOURS.get(verdict, "yellow")),
             (data.get("result") or "-")[:70],
             f"{rate:.1f}" if rate else "-",
+            str((data.get("limit") or {}).get("kind") or "-"),
         )
     return table

@@ -2,7 +2,7 @@
 
     kill NODE | stop NODE | restart NODE            the machine fails (SIGKILL), is shut down, is rebooted
     pause NODE                                      frozen (the engine's pause: the cgroup freezer)
-    slow NODE RATE                                  its egress at RATE (tc)
+    slow NODE RATE                                  its link at RATE, both ways (tc)
     cpu NODE SHARE                                  its CPU quota at SHARE CPUs
     cut NODE [from NODE,NODE]                       its traffic with the others dropped (iptables)
 

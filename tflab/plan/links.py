@@ -1,7 +1,8 @@
 """Links between nodes that behave like a cluster's: a rate (tbf) and a delay (netem), pure.
 
-Each node shapes its own egress on the lab network when it starts (images/node/shape.sh,
-from the variables `environment` sets); tflab checks beforehand, with the same script in a
+Each node shapes its own link on the lab network when it starts, both ways, as a NIC holds its
+rate (images/node/shape.sh, from the variables `environment` sets: a tbf on what it sends, and
+one on an ifb device that what it receives is redirected to); tflab checks beforehand, with the same script in a
 throwaway container, that the host kernel has every qdisc a lab asks for, so nothing is
 ever silently unshaped.
 """

@@ -1,71 +1,195 @@
-"""Was the host, not the lab's design, the bottleneck of a run? Pure: figures in, sentences out.
+"""What limited a run, from measured figures: pure, figures in, a named limit and its evidence out.
 
-The fidelity warning network emulators made famous (Mininet-HiFi): a run whose host's CPUs were
-saturated most of the time, or a node held back at its CPU quota, or memory close to a limit,
-shows this host's limits, and its steps/s are not those of a cluster of this shape.
+A node busy at its own CPU share is the design under study (a parameter server too small, a
+straggler), not the host's fault; the host is blamed only when its CPUs were saturated while the
+nodes' shares oversubscribe it or are unset (then the steps/s are this host's, not a cluster's:
+the fidelity warning of network emulators such as Mininet-HiFi). The kinds:
+
+- `memory`: a node's memory reached its limit;
+- `host`: the host's CPUs saturated, the nodes' shares oversubscribing it (or unset);
+- `link`: a node's traffic near its link's rate;
+- `ps-cpu`: a parameter server busy at its CPU share, the workers less so;
+- `worker-cpu`: workers at their share (one alone at it: the straggler);
+- `none`: no node at a limit, and the host had room.
+
+Only the training's span counts (from the first step on): start-up imports are not the design.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 SATURATED = 0.90  # the host's CPUs this busy...
-MOST = 0.50  # ...for more than this share of the run
-THROTTLED = 0.30  # a node held back in this share of its scheduling periods, on average
+MOST = 0.50  # ...for more than this share of the training
+AT_SHARE = 0.85  # a node using this much of the CPUs it owns, on average, is at its share
+BELOW = 0.15  # ...and the others at least this much less busy: it, not they, set the pace
+STRAGGLER_GAP = 0.25  # one worker at its share, the others this much below: the straggler
+NEAR_LINK = 0.80  # traffic this close to a link's rate (busiest quarter of the samples)
 NEAR_LIMIT = 0.90  # memory this close to a node's limit, at its peak
+MIN_SAMPLES = 3
+
+KINDS = ("memory", "host", "link", "ps-cpu", "worker-cpu", "none")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What limited a run, and the measured figures that say so."""
+
+    kind: str
+    evidence: str
+
+    def sentence(self) -> str:
+        """The run summary's line."""
+        if self.kind == "none":
+            return f"what limited this run: no limit found ({self.evidence})"
+        return f"what limited this run: {self.kind}: {self.evidence}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "evidence": self.evidence}
 
 
 @dataclass
 class Series:
-    """A run's figures over time: the host's CPU, and each node's throttling and memory share."""
+    """A run's figures over its training: the host's CPU, and each node's CPU share, memory and traffic."""
 
     host_busy: list[float] = field(default_factory=list)
-    throttled: dict[str, list[float]] = field(default_factory=dict)
+    cpu_share: dict[str, list[float]] = field(default_factory=dict)
     memory_share: dict[str, list[float]] = field(default_factory=dict)
-    owned_cpus: dict[str, float] = field(default_factory=dict)
     memory_limit_mb: dict[str, float] = field(default_factory=dict)
+    rx_mbit: dict[str, list[float]] = field(default_factory=dict)
+    tx_mbit: dict[str, list[float]] = field(default_factory=dict)
+    owned: dict[str, float] = field(default_factory=dict)  # the CPUs each node owned, as its cgroup said last
 
-    def add(self, host_busy: float | None, nodes: Sequence) -> None:
+    def add(self, host_busy: float | None, nodes: Sequence[Any]) -> None:
         """One snapshot: the host's busy share and each node's figures (engine.metrics.NodeFigures)."""
         if host_busy is not None:
             self.host_busy.append(host_busy)
         for figures in nodes:
-            if figures.throttled is not None:
-                self.throttled.setdefault(figures.node, []).append(figures.throttled)
+            if figures.cpu_share is not None:
+                self.cpu_share.setdefault(figures.node, []).append(figures.cpu_share)
+                self.owned[figures.node] = figures.cpu_owned
             if figures.memory_share is not None:
                 self.memory_share.setdefault(figures.node, []).append(figures.memory_share)
                 self.memory_limit_mb[figures.node] = figures.memory_limit_mb
-            if figures.cpu_owned is not None:
-                self.owned_cpus[figures.node] = figures.cpu_owned
+            if figures.rx_mbit is not None:
+                self.rx_mbit.setdefault(figures.node, []).append(figures.rx_mbit)
+            if figures.tx_mbit is not None:
+                self.tx_mbit.setdefault(figures.node, []).append(figures.tx_mbit)
 
 
-def limits_reached(series: Series, host_cpus: int) -> list[str]:
-    """The ways this run met the host's limits, as sentences (none: nothing to warn of)."""
-    found = []
-    if len(series.host_busy) >= 3:
-        saturated = sum(b >= SATURATED for b in series.host_busy) / len(series.host_busy)
-        if saturated > MOST:
-            found.append(f"the host's {host_cpus} CPU{'s' if host_cpus != 1 else ''} were saturated "
-                         f"(>= {SATURATED:.0%} busy) for {saturated:.0%} of the run")
-    for node, values in sorted(series.throttled.items()):
-        if len(values) >= 3:
-            share = sum(values) / len(values)
-            if share > THROTTLED:
-                owned = series.owned_cpus.get(node)
-                quota = f" of {owned:g} CPU" if owned is not None else ""
-                found.append(f"{node} was held back at its quota{quota} in {share:.0%} of its scheduling periods")
+@dataclass(frozen=True)
+class Shape:
+    """What the lab's design says of its nodes: who serves, who trains, the CPUs each owns, its link."""
+
+    servers: tuple[str, ...]
+    workers: tuple[str, ...]
+    cpus: Mapping[str, float | None]  # None: it shares the host's CPUs
+    host_cpus: int
+    link_mbit: float | None = None  # every node's link rate, where links are shaped
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _busiest_quarter(values: Sequence[float]) -> float:
+    top = sorted(values)[-max(1, len(values) // 4):]
+    return _mean(top)
+
+
+def _cpus(value: float | None) -> str:
+    return f"{value:g} CPU" if value is not None else "the host's CPUs"
+
+
+def _memory(mb: float | None) -> str:
+    if not mb:
+        return ""
+    return f" of its {mb / 1024:.1f}G limit" if mb >= 1024 else f" of its {mb:.0f}M limit"
+
+
+def find(series: Series, shape: Shape) -> Limit:
+    """The limit the figures show (the first of KINDS that they show)."""
     for node, values in sorted(series.memory_share.items()):
         if values and max(values) >= NEAR_LIMIT:
-            limit = series.memory_limit_mb.get(node)
-            of = f" of its {limit / 1024:.1f}G limit" if limit and limit >= 1024 else f" of its {limit:.0f}M limit" if limit else ""
-            found.append(f"{node}'s memory reached {max(values):.0%}{of}")
-    return found
+            return Limit("memory", f"{node}'s memory reached {max(values):.0%}"
+                                   f"{_memory(series.memory_limit_mb.get(node))}")
+    host = _host(series, shape)
+    if host is not None:
+        return host
+    link = _link(series, shape)
+    if link is not None:
+        return link
+    busy = {n: _mean(v) for n, v in series.cpu_share.items()
+            if len(v) >= MIN_SAMPLES and shape.cpus.get(n) is not None}
+    # what each owned during the run (a `tflab fault cpu` changes it), else what the design gave it
+    owned = {n: series.owned.get(n) or shape.cpus.get(n) for n in shape.cpus}
+    cpu = _cpu(busy, shape, owned)
+    if cpu is not None:
+        return cpu
+    if busy:
+        top = max(busy, key=lambda n: busy[n])
+        return Limit("none", f"the busiest node, {top}, used {busy[top]:.0%} of its {_cpus(owned.get(top))}; "
+                             "no link or memory near its limit: the program's own waits set the pace")
+    return Limit("none", "too few figures of the training to tell")
 
 
-def note(found: Sequence[str]) -> str | None:
-    """The run summary's one line when the host was the bottleneck, else None."""
-    if not found:
+def _host(series: Series, shape: Shape) -> Limit | None:
+    if len(series.host_busy) < MIN_SAMPLES:
         return None
-    return ("the host, not the lab's design, set the pace of this run: " + "; ".join(found) +
-            ". Its steps/s are this host's, not those of a cluster of this shape.")
+    saturated = sum(b >= SATURATED for b in series.host_busy) / len(series.host_busy)
+    if saturated <= MOST:
+        return None
+    unset = [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
+    owned = sum(c for c in shape.cpus.values() if c is not None)
+    if unset:
+        why = f"{', '.join(unset)} {'has' if len(unset) == 1 else 'have'} no CPU share of {'its' if len(unset) == 1 else 'their'} own"
+    elif owned > shape.host_cpus + 1e-9:
+        why = f"the nodes' shares add up to {owned:g} CPUs of its {shape.host_cpus}"
+    else:
+        return None  # the shares fit the host: a node busy at its share is the design's limit
+    return Limit("host", f"the host's {shape.host_cpus} CPUs were at least {SATURATED:.0%} busy in {saturated:.0%} "
+                         f"of the training, and {why}: its steps/s are this host's, not a cluster's of this shape")
+
+
+def _link(series: Series, shape: Shape) -> Limit | None:
+    if not shape.link_mbit:
+        return None
+    found: list[tuple[float, str]] = []
+    for way, table in (("received", series.rx_mbit), ("sent", series.tx_mbit)):
+        for node, values in table.items():
+            if len(values) >= MIN_SAMPLES:
+                rate = _busiest_quarter(values)
+                if rate >= NEAR_LINK * shape.link_mbit:
+                    found.append((rate, f"{node} {way} {rate:.1f} Mbit/s on its {shape.link_mbit:g} Mbit/s link "
+                                        f"({rate / shape.link_mbit:.0%}, its busiest quarter)"))
+    return Limit("link", max(found)[1]) if found else None
+
+
+def _cpu(busy: Mapping[str, float], shape: Shape, owned: Mapping[str, float | None]) -> Limit | None:
+    servers = {n: busy[n] for n in shape.servers if n in busy}
+    workers = {n: busy[n] for n in shape.workers if n in busy}
+    at_share = {n for n, b in busy.items() if b >= AT_SHARE}
+    if not at_share:
+        return None
+    worker_mean = _mean(list(workers.values())) if workers else 0.0
+    top_server = max(servers, key=lambda n: servers[n]) if servers else None
+    if top_server in at_share and servers[top_server] >= worker_mean + BELOW:
+        theirs = f"; workers at {worker_mean:.0%} of theirs" if workers else ""
+        return Limit("ps-cpu", f"{top_server} at {servers[top_server]:.0%} of its {_cpus(owned.get(top_server))}"
+                               f"{theirs}")
+    loaded = sorted((n for n in workers if n in at_share), key=lambda n: -workers[n])
+    if not loaded:
+        return None
+    others = [b for n, b in workers.items() if n not in loaded]
+    if len(loaded) == 1 and others and _mean(others) <= workers[loaded[0]] - STRAGGLER_GAP:
+        one = loaded[0]
+        return Limit("worker-cpu", f"{one} at {workers[one]:.0%} of its {_cpus(owned.get(one))}, the other workers "
+                                   f"at {_mean(others):.0%} of theirs: {one} is the straggler")
+    servers_text = f" ({', '.join(f'{n} at {b:.0%}' for n, b in servers.items())})" if servers else ""
+    return Limit("worker-cpu", f"{', '.join(loaded)} at {_mean([workers[n] for n in loaded]):.0%} of their "
+                               f"CPU shares{servers_text}")
+
+
+__all__ = ["KINDS", "Limit", "Series", "Shape", "find"]

@@ -3,8 +3,8 @@
 While `tflab run TASK` runs (in the foreground or detached), every second or two each node's
 CPU, memory, network, GPUs and steps/s are written under `runs/TASK/cluster/NODE/` (one
 TensorBoard run per node, so `tflab tensorboard` shows them side by side, and beside the loss).
-The x-axis is the second of the run. The series also tell, at the end, whether the host rather
-than the lab's design set the pace (`bottleneck`).
+The x-axis is the second of the run. The training's figures also tell, at the end, what limited
+the run (`bottleneck`: a starved parameter server, a straggler, a link, memory, or the host).
 
 Written with tensorboardX, which needs no TensorFlow on the host.
 """
@@ -31,8 +31,11 @@ class ClusterWatch:
     """Samples the lab's nodes during a run; writes their scalars; keeps the series for the summary."""
 
     def __init__(self, executor: Executor, lab: Lab, folder: Path, machine: RunMachine, host_cpus: int,
-                 every_s: float = 1.0, board: bool = True) -> None:
+                 every_s: float = 1.0, board: bool = True, link_mbit: float | None = None) -> None:
         self.lab = lab
+        self.shape = bottleneck.Shape(servers=machine.plan.servers, workers=machine.plan.finishers,
+                                      cpus={n.name: n.machine.cpus for n in lab.nodes}, host_cpus=host_cpus,
+                                      link_mbit=link_mbit)
         self.folder = folder / CLUSTER_DIR
         self.machine = machine
         self.host_cpus = host_cpus
@@ -59,7 +62,8 @@ class ClusterWatch:
     def _snapshot(self, snap: Snapshot) -> None:
         with self.lock:
             self.began = self.began or snap.t
-            self.series.add(snap.host_busy, list(snap.nodes.values()))
+            if self._training():
+                self.series.add(snap.host_busy, list(snap.nodes.values()))
             if not self.board:
                 return
             second = int(round(snap.t - self.began))
@@ -85,8 +89,14 @@ class ClusterWatch:
                 self._writer("host").add_scalar("cluster/host_cpu_busy", snap.host_busy, global_step=second,
                                                 walltime=snap.t)
 
-    def stop(self) -> str | None:
-        """Stop sampling, write everything out; the summary's note when the host set the pace."""
+    def _training(self) -> bool:
+        """Whether the training runs: a worker has made progress, and the run has not ended."""
+        machine = self.machine
+        return machine.finish is None and any(machine.nodes[n].progressed for n in machine.plan.finishers
+                                              if n in machine.nodes)
+
+    def stop(self) -> bottleneck.Limit:
+        """Stop sampling, write everything out; what limited the run."""
         self.sampler.close()
         with self.lock:
             for writer in self.writers.values():
@@ -94,4 +104,4 @@ class ClusterWatch:
                     writer.close()
                 except OSError as exc:
                     log.debug("closing a cluster writer: %s", exc)
-            return bottleneck.note(bottleneck.limits_reached(self.series, self.host_cpus))
+            return bottleneck.find(self.series, self.shape)

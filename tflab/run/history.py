@@ -72,7 +72,8 @@ class RunRecord:
     started: float  # wall clock
 
     def write(self, state: str, machine: RunMachine, result: str | None = None,
-              first_step_s: float | None = None, note: str | None = None) -> dict[str, Any]:
+              first_step_s: float | None = None, note: str | None = None,
+              limit: dict[str, str] | None = None) -> dict[str, Any]:
         finish = machine.finish if state == "finished" else None
         chief = machine.nodes.get(machine.plan.chief)
         rate = chief.rate() if chief is not None else None
@@ -94,6 +95,7 @@ class RunRecord:
             "steps_per_s": None if rate is None else round(rate, 2),
             "first_step_s": None if first_step_s is None else round(first_step_s, 2),
             "note": note,
+            "limit": limit,  # what limited the run (bottleneck.Limit), once it finished
             "faults": machine.drills.rows(machine.began),
             "nodes": node_rows(machine),
         }
@@ -116,7 +118,7 @@ RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "task": str, "state": str, "pid": int, "pid_start": str, "host": str, "detached": bool, "node": str,
     "id": str, "started": NUMBER, "ended": NUMBER, "duration_s": NUMBER, "verdict": str, "exit_code": int,
     "problem": str, "result": str, "steps_per_s": NUMBER, "first_step_s": NUMBER, "note": str,
-    "faults": list, "nodes": dict,
+    "faults": list, "nodes": dict, "limit": dict,
 }
 
 

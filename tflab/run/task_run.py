@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from tflab.engine.executors import Executor
 from tflab.host.labfiles import LabFiles
-from tflab.plan import tasks
+from tflab.plan import links, tasks
 from tflab.plan.config import Task
 from tflab.run import history
 from tflab.run.cluster import ClusterWatch
@@ -52,7 +52,9 @@ class TaskRun:
             self.sink, on_state=lambda state, machine: self.record.write(state, machine), injector=injector,
         )
         host_cpus = len(lf.config.host.cpus) or 1
-        self.watch = (ClusterWatch(executor, lf.lab, self.folder, self.launcher.machine, host_cpus)
+        rate = lf.config.links.rate
+        self.watch = (ClusterWatch(executor, lf.lab, self.folder, self.launcher.machine, host_cpus,
+                                   link_mbit=links.rate_bits(rate) / 1e6 if rate else None)
                       if options.metrics else None)
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
@@ -67,9 +69,9 @@ class TaskRun:
             try:
                 result = self.launcher.execute()
             finally:
-                note = self.watch.stop() if self.watch is not None else None
+                limit = self.watch.stop() if self.watch is not None else None
             data = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
-                                     note=note)
+                                     limit=limit.as_dict() if limit is not None else None)
             return result, data
         finally:
             self.output_log.close()

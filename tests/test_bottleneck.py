@@ -1,0 +1,82 @@
+"""What limited a run, from literal figures: each kind on its own case, and the host blamed only when it is at fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from tflab.engine.metrics import NodeFigures
+from tflab.run.bottleneck import Limit, Series, Shape, find
+
+NODES = ("ps0", "worker0", "worker1", "worker2")
+
+
+def shape(cpus: float | None = 0.5, host_cpus: int = 2, link_mbit: float | None = None, **own) -> Shape:
+    return Shape(servers=("ps0",), workers=("worker0", "worker1", "worker2"),
+                 cpus={n: own.get(n, cpus) for n in NODES}, host_cpus=host_cpus, link_mbit=link_mbit)
+
+
+def series(busy: dict[str, float], host: float = 0.5, samples: int = 10, memory: dict[str, float] | None = None,
+           rx: dict[str, float] | None = None, tx: dict[str, float] | None = None,
+           owned: float | dict[str, float] = 0.5) -> Series:
+    """`owned`: the CPUs each node's cgroup says it owns (a `fault cpu` changes it from the design's)."""
+    mine = owned if isinstance(owned, dict) else {n: owned for n in NODES}
+    out = Series()
+    for _ in range(samples):
+        out.add(host, [NodeFigures(node=n, t=0.0, cpu_used=busy.get(n, 0.1) * mine.get(n, 0.5),
+                                   cpu_owned=mine.get(n, 0.5),
+                                   memory_mb=(memory or {}).get(n, 0.2) * 1000, memory_limit_mb=1000.0,
+                                   rx_mbit=(rx or {}).get(n, 1.0), tx_mbit=(tx or {}).get(n, 1.0)) for n in NODES])
+    return out
+
+
+def test_a_starved_parameter_server_is_the_limit() -> None:
+    found = find(series({"ps0": 0.96, "worker0": 0.4, "worker1": 0.42, "worker2": 0.38}, host=0.95), shape())
+    assert found == Limit("ps-cpu", "ps0 at 96% of its 0.5 CPU; workers at 40% of theirs")
+    assert found.sentence() == "what limited this run: ps-cpu: ps0 at 96% of its 0.5 CPU; workers at 40% of theirs"
+
+
+def test_a_node_busy_at_its_own_share_on_a_busy_host_is_the_design_not_the_host() -> None:
+    # the demo's case: four 0.5-CPU nodes on 2 CPUs, the host busy, the shares fitting it
+    found = find(series({"ps0": 0.9, "worker0": 0.6, "worker1": 0.6, "worker2": 0.6}, host=0.97), shape())
+    assert found.kind == "ps-cpu" and "host" not in found.evidence
+
+
+def test_one_worker_alone_at_its_share_is_the_straggler() -> None:
+    # the design gave every node 0.5 CPU; `tflab fault cpu worker1 0.1` took worker1's down at run time
+    found = find(series({"ps0": 0.3, "worker0": 0.45, "worker1": 0.97, "worker2": 0.44}, owned={"worker1": 0.1}),
+                 shape())
+    assert found == Limit("worker-cpu", "worker1 at 97% of its 0.1 CPU, the other workers at 45% of theirs: "
+                                        "worker1 is the straggler")
+
+
+def test_workers_all_at_their_share() -> None:
+    found = find(series({"ps0": 0.3, "worker0": 0.95, "worker1": 0.93, "worker2": 0.91}), shape())
+    assert found == Limit("worker-cpu", "worker0, worker1, worker2 at 93% of their CPU shares (ps0 at 30%)")
+
+
+@pytest.mark.parametrize(("cpus", "own", "why"), [
+    (None, {}, "ps0, worker0, worker1, worker2 have no CPU share of their own"),
+    (1.0, {}, "the nodes' shares add up to 4 CPUs of its 2"),
+])
+def test_the_host_is_blamed_only_when_the_shares_oversubscribe_it_or_are_unset(cpus, own, why) -> None:
+    busy = {"ps0": 0.9, "worker0": 0.9, "worker1": 0.9, "worker2": 0.9}
+    found = find(series(busy, host=0.98, owned=2.0 if cpus is None else cpus), shape(cpus, **own))
+    assert found.kind == "host" and why in found.evidence, found
+    assert found.evidence.startswith("the host's 2 CPUs were at least 90% busy in 100% of the training")
+
+
+def test_a_link_near_its_rate() -> None:
+    found = find(series({"ps0": 0.3}, rx={"ps0": 4.7}, tx={"worker1": 4.1}), shape(link_mbit=5.0))
+    assert found == Limit("link", "ps0 received 4.7 Mbit/s on its 5 Mbit/s link (94%, its busiest quarter)")
+    assert find(series({"ps0": 0.3}, rx={"ps0": 4.7}), shape()).kind == "none", "no shaped link: no link limit"
+
+
+def test_memory_near_a_limit_comes_first() -> None:
+    found = find(series({"ps0": 0.96}, memory={"worker2": 0.93}), shape())
+    assert found == Limit("memory", "worker2's memory reached 93% of its 1000M limit")
+
+
+def test_nothing_at_a_limit_says_so() -> None:
+    found = find(series({"ps0": 0.3, "worker0": 0.5, "worker1": 0.5, "worker2": 0.5}), shape())
+    assert found.kind == "none" and found.evidence.startswith("the busiest node, worker0, used 50% of its 0.5 CPU")
+    assert find(Series(), shape()) == Limit("none", "too few figures of the training to tell")
