@@ -13,7 +13,7 @@ from tflab import resources
 from tflab.cli import views
 from tflab.cli.common import LabOption, console
 from tflab.errors import UserError
-from tflab.host import hardware, labfiles, ports, proc
+from tflab.host import buildsettings, hardware, labfiles, ports, proc
 from tflab.plan import config as cfg
 from tflab.plan import links, machines
 from tflab.plan.gpus import Gpu, parse_gpu_list
@@ -47,6 +47,22 @@ def lab_relative(path: str | None, root: Path, flag: str) -> str | None:
     if not folder.is_dir():
         raise UserError(f"{flag} {path}: no such folder")
     return os.path.relpath(folder, root)
+
+
+def lab_packages(pip: list[str], apt: list[str], code_dir: Path | None) -> cfg.Packages:
+    """The lab's packages from --pip/--apt, and the code folder's requirements.txt when it has one."""
+    specs = [cfg.check_pip(spec) for spec in pip]
+    if code_dir is not None and (code_dir / cfg.REQUIREMENTS).is_file() and f"-r {cfg.REQUIREMENTS}" not in specs:
+        specs.append(f"-r {cfg.REQUIREMENTS}")
+    for spec in specs:
+        if spec.startswith("-r ") and (code_dir is None or not (code_dir / spec[3:]).is_file()):
+            raise UserError(f"--pip {spec!r}: no such file in the code folder ({code_dir or 'the bundled examples'})")
+    return cfg.Packages(pip=tuple(dict.fromkeys(specs)), apt=tuple(dict.fromkeys(cfg.check_apt(a) for a in apt)))
+
+
+def folder_text(path: str) -> str:
+    """A lab-relative folder as people read it: `code/`, `../data/`, `/srv/data/`."""
+    return path.rstrip("/") + "/"
 
 
 def running_here(root: Path) -> bool:
@@ -100,6 +116,9 @@ def gen(
     target: Annotated[str, typer.Option(help="Where the lab runs: compose (this host) or swarm (an existing Docker Swarm).", rich_help_panel="Beyond one host")] = "compose",
     place: Annotated[list[str] | None, typer.Option(help="Swarm: run NODE on the swarm node labelled tflab.host=HOST (NODE=HOST, repeatable).", rich_help_panel="Beyond one host")] = None,
     registry: Annotated[str | None, typer.Option(help="Swarm: the registry `tflab build` pushes the node image to (needed on several hosts).", rich_help_panel="Beyond one host")] = None,
+    pip: Annotated[list[str] | None, typer.Option("--pip", help="A pip requirement the lab's code needs (pandas, numpy<2, -r FILE of the code folder); repeatable. A requirements.txt in the code folder is taken by itself.", rich_help_panel="Images, code and data")] = None,
+    apt: Annotated[list[str] | None, typer.Option("--apt", help="A Debian/Ubuntu package the lab's code needs (libsndfile1); repeatable.", rich_help_panel="Images, code and data")] = None,
+    tensorflow: Annotated[str | None, typer.Option("--tensorflow", help="Pin TensorFlow to this version (2.15.0): the official image of that version, or tflab's own base with it (default: the base's own).", rich_help_panel="Images, code and data")] = None,
     name: Annotated[str | None, typer.Option(help="Lab name (default: the folder's name).", rich_help_panel="The lab")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing lab (its code/ and data/ stay).", rich_help_panel="The lab")] = False,
     lab: LabOption = Path("."),
@@ -149,6 +168,12 @@ def gen(
     swarm = cfg.SwarmSettings(place=placements(place or [], planned.names), registry=registry)
     cfg.check_one_line(name or root.name or "lab", "--name" if name else "the lab's name (its folder's)")
     cfg.check_image_ref(base, "--base")
+    packages = lab_packages(pip or [], apt or [], (root / code).resolve() if code is not None else None)
+    if tensorflow is not None:
+        cfg.check_tensorflow(tensorflow)
+        if base == "local":
+            mirror = buildsettings.parse_apt_sources(buildsettings.read_apt_sources())
+            cfg.check_tensorflow(tensorflow, mirror.python, f" (tflab's own base: Debian/Ubuntu {mirror.suite})")
     config = cfg.LabConfig(
         name=name or root.name or "lab",
         target=target,
@@ -168,6 +193,8 @@ def gen(
         faults=faults,
         swarm=swarm,
         warm=warm,
+        packages=packages,
+        tensorflow=tensorflow,
     )
     if (root / cfg.LAB_FILE).exists() and not force:
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
@@ -193,7 +220,8 @@ def gen(
     if written.warm_off:
         out.print(written.warm_off)
     if shaped:
-        out.print(f"links: {shaped.describe()} on every node's egress")
+        out.print(f"links: {shaped.describe()} on every node's link, both ways")
     if tasks:
-        out.print(f"tasks: {', '.join(tasks)} (in tflab.yaml; code in {code}, data in {data})")
+        out.print(f"tasks: {', '.join(tasks)} (in tflab.yaml; code in {folder_text(code)}, "
+                  f"data in {folder_text(data)})")
     out.print(f"next: tflab up{'' if root == Path.cwd().resolve() else f' --lab {lab}'}")

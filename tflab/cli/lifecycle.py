@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -12,8 +13,10 @@ from rich.text import Text
 from tflab.cli import views
 from tflab.cli.common import LabOption, backend, console, open_lab, progress
 from tflab.engine import compose_lab as lab_ops
-from tflab.engine import copying, daemon, local_base, node_image
-from tflab.errors import UserError
+from tflab.engine import copying, daemon, local_base, node_image, packages
+from tflab.engine.backend import LabBackend
+from tflab.errors import TflabError, UserError
+from tflab.render import image_files
 from tflab.host import buildsettings, proc
 
 
@@ -85,7 +88,8 @@ def up(lab: LabOption = Path(".")) -> None:
 def status(lab: LabOption = Path(".")) -> None:
     """Each node's state and health, GPUs, ports and links."""
     lf = open_lab(lab)
-    states = backend(lf).status()
+    side = backend(lf)
+    states = side.status()
     out = console()
     out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links,
                                  swarm=lf.config.target == "swarm"))
@@ -96,6 +100,24 @@ def status(lab: LabOption = Path(".")) -> None:
         out.print(lf.warm_off)
     if not states:
         out.print("the lab is not up (`tflab up` starts it)")
+        return
+    running = [name for name, state in states.items() if state.running and name in lf.lab.names]
+    if running:
+        out.print(image_packages(side, running[0]), soft_wrap=True)
+
+
+def image_packages(side: LabBackend, node: str) -> str:
+    """What the running node image holds of the lab's own: its packages and pinned TensorFlow, as built."""
+    try:
+        code, text = side.executor([node], "docker").run(node, ["cat", f"{packages.SHARE}/{image_files.PACKAGES_FILE}"])
+        doc = json.loads(text) if code == 0 else {}
+    except (TflabError, ValueError):
+        return f"packages: cannot read them in {node}'s image"
+    parts = [f"pip: {', '.join(doc['pip'])}" if doc.get("pip") else "",
+             f"apt: {', '.join(doc['apt'])}" if doc.get("apt") else "",
+             f"TensorFlow {doc['tensorflow']} (pinned)" if doc.get("tensorflow") else ""]
+    said = "; ".join(p for p in parts if p)
+    return f"packages in the running image: {said}" if said else "packages in the running image: none of the lab's own"
 
 
 def logs(

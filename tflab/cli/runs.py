@@ -135,8 +135,9 @@ def run(
                                                                  metrics=metrics), make_sink, injector=doer)
     sink = sinks[0]
     sink.on_broken = lambda: session.interrupt("the output pipe closed")
-    sink.event(f"run {task}: servers {', '.join(plan.servers + plan.sidecars) or 'none'} first, then "
-               f"{', '.join(plan.finishers)}")
+    servers = plan.servers + plan.sidecars
+    sink.event(f"run {task}: servers {', '.join(servers)} first, then {', '.join(plan.finishers)}" if servers
+               else f"run {task}: {', '.join(plan.finishers)} (no servers)")
     with stop_signals(session.interrupt):
         result, data = session.execute()
     out = err_console() if sink.broken or terminal is None else console()

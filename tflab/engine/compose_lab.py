@@ -11,7 +11,7 @@ import docker.errors
 import yaml
 from docker.models.containers import Container
 
-from tflab.engine import compose_up, local_base, node_image
+from tflab.engine import compose_up, local_base, node_image, packages
 from tflab.engine.backend import NodeState
 from tflab.engine.builds import BuildResult, Progress, image_exists
 from tflab.engine.containers import (
@@ -29,6 +29,7 @@ from tflab.host import buildsettings, ports, proc
 from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
 from tflab.host.ports import wait_for_ssh
+from tflab.plan import config as cfg
 from tflab.plan import links
 from tflab.render import image_files
 
@@ -36,30 +37,65 @@ READY_TIMEOUT_S = 120.0
 
 
 def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, force: bool = False) -> BuildResult:
-    """The lab's node image, built (with the local base first, when that is missing) if needed."""
-    base = node_image.resolve_base(lf.config.base_image, lf.config.has_gpus, client)
+    """The lab's node image, built (with the local base first, when that is missing) if needed.
+
+    Its base, then tflab's node files (a Dockerfile build, unless tflab's own base carries them),
+    then the lab's own packages (one layer, installed with the host's build settings mounted).
+    """
+    config = lf.config
+    base = node_image.resolve_base(config.base_image, config.has_gpus, client, config.tensorflow)
     if node_image.is_local_base(base) and not image_exists(client, base):
+        mirror = buildsettings.parse_apt_sources(buildsettings.read_apt_sources())
+        if config.tensorflow:
+            check_release(config.tensorflow, config.has_gpus, mirror.python, mirror.suite)
         progress.step(f"the local base {base} is missing: building it once (mmdebstrap or debootstrap, then pip)")
         local_base.build_base(
-            client,
-            buildsettings.parse_apt_sources(buildsettings.read_apt_sources()),
-            buildsettings.pip_settings(proc.run, os.environ),
-            progress,
-            gpu=lf.config.has_gpus,
+            client, mirror, buildsettings.pip_settings(proc.run, os.environ), progress, gpu=config.has_gpus,
+            tensorflow=cfg.tensorflow_requirement(config.has_gpus, config.tensorflow) if config.tensorflow else None,
+            tag=base,
         )
     elif not image_exists(client, base):
         node_image.pull(client, base, progress)
     base_image_ = client.images.get(base)
     context = lf.image_context()
     tag = lf.image_tag(base_image_.id)
+    if not force and image_exists(client, tag):
+        return BuildResult(tag, client.images.get(tag).id, built=False)
+    target = f"tflab-node-stage:{tag.rsplit(':', 1)[1]}" if config.packages else tag
     if node_image.is_local_base(base) and carries_node_files(base_image_, context, lf):
         # tflab's own base carries the node's files already: it is the node image, as it is.
-        if force or not image_exists(client, tag):
-            base_image_.tag(*tag.rsplit(":", 1))
-            return BuildResult(tag, base_image_.id, built=True)
-        return BuildResult(tag, base_image_.id, built=False)
-    return node_image.build_node(client, context, tag, base, progress, force=force,
-                                 proxies=buildsettings.proxy_build_args(os.environ))
+        base_image_.tag(*target.rsplit(":", 1))
+        built = BuildResult(target, base_image_.id, built=True)
+    else:
+        built = node_image.build_node(client, context, target, base, progress, force=force,
+                                      proxies=buildsettings.proxy_build_args(os.environ))
+    if not config.packages:
+        return built
+    try:
+        entrypoint = client.images.get(target).attrs.get("Config", {}).get("Entrypoint") or []
+        return packages.install(client, target, tag, config.packages, buildsettings.pip_settings(proc.run, os.environ),
+                                entrypoint, progress)
+    finally:
+        try:
+            client.images.remove(target)  # the packages' image keeps its layers; this name goes
+        except docker.errors.APIError:
+            pass
+
+
+def check_release(version: str, has_gpus: bool, python: tuple[int, int] | None, suite: str) -> None:
+    """Before anything is built: a pinned TensorFlow that the base's Python can install, by the index's own list."""
+    where = f" (tflab's own base: {suite}, Python {python[0]}.{python[1]})" if python else f" ({suite})"
+    cfg.check_tensorflow(version, python, where)
+    if python is None:
+        return
+    package = "tensorflow-cpu" if not has_gpus else "tensorflow"
+    available = buildsettings.index_versions(proc.run, package, python)
+    if available is None:
+        return  # the index cannot be asked from here: pip says it at the build, if it must
+    if cfg.pick_release(version, available) is None:
+        fits = ", ".join(available[:8]) + (", ..." if len(available) > 8 else "")
+        raise UserError(f"TensorFlow {version} cannot be installed{where}: the index has {package} {fits} "
+                        "for that Python; pin one of them")
 
 
 def carries_node_files(base, context: dict[str, bytes], lf: LabFiles) -> bool:

@@ -19,7 +19,7 @@ from tflab.host.filetree import manifest
 from tflab.plan import config as cfg
 
 
-def resolve_base(choice: str, has_gpus: bool, client: docker.DockerClient) -> str:
+def resolve_base(choice: str, has_gpus: bool, client: docker.DockerClient, tensorflow: str | None = None) -> str:
     """The base image a lab's `image.base` means here.
 
     `auto` is the official TensorFlow image when the engine has it or its registry answers,
@@ -27,8 +27,8 @@ def resolve_base(choice: str, has_gpus: bool, client: docker.DockerClient) -> st
     name those; anything else is an image name used as it is.
     """
     if choice != cfg.AUTO_BASE:
-        return cfg.base_name(choice, has_gpus)
-    official, local = cfg.official_base(has_gpus), cfg.local_base(has_gpus)
+        return cfg.base_name(choice, has_gpus, tensorflow)
+    official, local = cfg.official_base(has_gpus, tensorflow), cfg.local_base(has_gpus, tensorflow)
     if image_exists(client, official):
         return official
     if image_exists(client, local):
@@ -46,8 +46,9 @@ def registry_reachable(client: docker.DockerClient, image: str) -> bool:
 
 
 def is_local_base(image: str) -> bool:
-    """Whether `image` is the base that `tflab base` builds."""
-    return image in (cfg.LOCAL_BASE, cfg.LOCAL_GPU_BASE)
+    """Whether `image` is a base that `tflab base` builds (a pinned TensorFlow's too)."""
+    return image in (cfg.LOCAL_BASE, cfg.LOCAL_GPU_BASE) or image.startswith((f"{cfg.LOCAL_BASE}-tf",
+                                                                              f"{cfg.LOCAL_GPU_BASE}-tf"))
 
 
 def tar_context(files: dict[str, bytes]) -> io.BytesIO:

@@ -35,6 +35,15 @@ class AptMirror:
     uri: str
     suite: str
 
+    @property
+    def python(self) -> tuple[int, int] | None:
+        """The python3 of this release (what tflab's own base runs TensorFlow on), where tflab knows it."""
+        return SUITE_PYTHONS.get(self.suite)
+
+
+SUITE_PYTHONS = {"buster": (3, 7), "bullseye": (3, 9), "bookworm": (3, 11), "trixie": (3, 13), "sid": (3, 13),
+                 "focal": (3, 8), "jammy": (3, 10), "noble": (3, 12)}
+
 
 def _deb822_stanzas(text: str) -> Iterable[dict[str, str]]:
     for block in re.split(r"\n\s*\n", text):
@@ -187,3 +196,18 @@ def build_files(settings: PipSettings) -> dict[str, bytes]:
     if settings.ca_bundle is not None:
         files["ca.pem"] = settings.ca_bundle.read_bytes()
     return files
+
+
+def index_versions(run: Runner, package: str, python: tuple[int, int]) -> list[str] | None:
+    """The versions of `package` the host's package index has wheels of for `python`, newest first (pip's own
+    `index versions`, with the host's pip settings); None when the index cannot be asked."""
+    import sys
+
+    argv = [sys.executable, "-m", "pip", "index", "versions", package, "--python-version",
+            f"{python[0]}.{python[1]}", "--only-binary", ":all:", "--disable-pip-version-check"]
+    try:
+        out = run(argv, timeout=60)
+    except Exception:  # noqa: BLE001 (no pip, no index, a timeout: the build's pip will say it)
+        return None
+    match = re.search(r"^Available versions: (.*)$", out, re.MULTILINE)
+    return [v.strip() for v in match.group(1).split(",")] if match else None

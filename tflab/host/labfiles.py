@@ -101,14 +101,28 @@ class LabFiles:
         """
         if not self.image_dir.is_dir():
             raise UserError(f"{self.image_dir} is missing; run `tflab gen --force` to write it again")
-        context = {p.name: p.read_bytes() for p in sorted(self.image_dir.iterdir()) if p.is_file()}
+        context = {p.name: p.read_bytes() for p in sorted(self.image_dir.iterdir())
+                   if p.is_file() and p.name != image_files.PACKAGES_FILE}
         guard = image_files.guard_zipapp()
         if context.get(image_files.GUARD_FILE) != guard:
             path = self.image_dir / image_files.GUARD_FILE
             path.write_bytes(guard)
             path.chmod(0o755)
             context[image_files.GUARD_FILE] = guard
-        return context
+        # the packages as tflab.yaml says them now, the requirements files as the code folder holds them now
+        return {**context, **image_files.packages_files(self.config, self.requirements())}
+
+    def requirements(self) -> dict[str, bytes]:
+        """The code folder's requirements files the lab's `pip: [-r FILE]` names, by name."""
+        found = {}
+        for name in self.config.packages.requirements_files:
+            path = self.resolve(self.config.code or cfg.CODE_DIR) / name
+            try:
+                found[name] = path.read_bytes()
+            except OSError as exc:
+                raise UserError(f"packages.pip names -r {name}, but {path} cannot be read ({exc.strerror}); "
+                                "put it in the code folder, or take it out of tflab.yaml") from None
+        return found
 
     def image_tag(self, base_id: str = "") -> str:
         """The node image's tag, a hash of its build context and its base image's id."""

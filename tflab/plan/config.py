@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,24 +43,113 @@ LOCAL_BASE = "tflab-base:cpu"
 LOCAL_GPU_BASE = "tflab-base:gpu"
 
 
-def official_base(has_gpus: bool) -> str:
-    """The official TensorFlow image for a lab (its GPU variant when the lab has GPUs)."""
+def official_base(has_gpus: bool, tensorflow: str | None = None) -> str:
+    """The official TensorFlow image for a lab (its GPU variant when the lab has GPUs; a pinned version's)."""
+    if tensorflow:
+        return f"tensorflow/tensorflow:{tensorflow}{'-gpu' if has_gpus else ''}"
     return OFFICIAL_GPU_BASE if has_gpus else OFFICIAL_BASE
 
 
-def local_base(has_gpus: bool) -> str:
-    """The base `tflab base` builds for a lab (`--gpu` when the lab has GPUs)."""
+def local_base(has_gpus: bool, tensorflow: str | None = None) -> str:
+    """The base `tflab base` builds for a lab (`--gpu` when the lab has GPUs; a pinned version its own tag)."""
+    if tensorflow:
+        return f"{LOCAL_GPU_BASE if has_gpus else LOCAL_BASE}-tf{tensorflow}"
     return LOCAL_GPU_BASE if has_gpus else LOCAL_BASE
 
 
-def base_name(choice: str, has_gpus: bool) -> str:
+def tensorflow_requirement(has_gpus: bool, tensorflow: str | None = None) -> str:
+    """What pip installs into tflab's own base: TensorFlow (the pinned version, where the lab pins one)."""
+    package = "tensorflow[and-cuda]" if has_gpus else "tensorflow-cpu"
+    if not tensorflow:
+        return package
+    return f"{package}=={tensorflow}.*" if tensorflow.count(".") == 1 else f"{package}=={tensorflow}"
+
+
+def pick_release(version: str, available: list[str]) -> str | None:
+    """The release of `available` a pinned version means (`2.15` the newest 2.15.x), or None."""
+    if version.count(".") == 2:
+        return version if version in available else None
+    matching = [v for v in available if v.startswith(version + ".")]
+    return matching[0] if matching else None
+
+
+def base_name(choice: str, has_gpus: bool, tensorflow: str | None = None) -> str:
     """The image `image.base` names: `official` and `local` by their names, `auto` as the official one
     (what a Dockerfile built by hand gets; `up` decides `auto` against the registry), else itself."""
     if choice in (AUTO_BASE, "official"):
-        return official_base(has_gpus)
+        return official_base(has_gpus, tensorflow)
     if choice == "local":
-        return local_base(has_gpus)
+        return local_base(has_gpus, tensorflow)
     return choice
+
+
+# TensorFlow releases and the Pythons their wheels are built for (pypi.org's files of tensorflow-cpu).
+TENSORFLOW_PYTHONS: dict[str, tuple[int, int]] = {
+    "2.8": (7, 10), "2.9": (7, 10), "2.10": (7, 10), "2.11": (7, 10), "2.12": (8, 11), "2.13": (8, 11),
+    "2.14": (9, 11), "2.15": (9, 11), "2.16": (9, 12), "2.17": (9, 12), "2.18": (9, 12), "2.19": (9, 12),
+    "2.20": (9, 13), "2.21": (10, 13),
+}
+TF_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def check_tensorflow(version: str, python: tuple[int, int] | None = None, where: str = "") -> str:
+    """A TensorFlow version to pin (`2.15`, `2.15.1`); with the base's `python`, one whose wheels fit it."""
+    match = TF_VERSION.fullmatch(version)
+    if not match:
+        raise UserError(f"--tensorflow {version!r} is not a TensorFlow version (such as 2.15.0)")
+    release = f"{match.group(1)}.{match.group(2)}"
+    if python is not None and release in TENSORFLOW_PYTHONS:
+        low, high = TENSORFLOW_PYTHONS[release]
+        if python[0] == 3 and not low <= python[1] <= high:
+            fits = [r for r, (lo, hi) in TENSORFLOW_PYTHONS.items() if lo <= python[1] <= hi]
+            raise UserError(f"TensorFlow {version} has no wheels for Python {python[0]}.{python[1]}{where} (it "
+                            f"supports 3.{low} to 3.{high}): pick {fits[0]} to {fits[-1]} there, or another base")
+    return version
+
+
+@dataclass(frozen=True)
+class Packages:
+    """What a lab's code needs beyond TensorFlow: pip requirements and Debian/Ubuntu packages."""
+
+    pip: tuple[str, ...] = ()
+    apt: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.pip or self.apt)
+
+    @property
+    def requirements_files(self) -> tuple[str, ...]:
+        """The `-r FILE` entries: files of the code folder, read at build time."""
+        return tuple(spec.split(None, 1)[1] for spec in self.pip if spec.startswith("-r "))
+
+
+REQUIREMENTS = "requirements.txt"
+PIP_SPEC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,. -]+\])?"
+                      r"(\s*(===|==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+(\s*,\s*(===|==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+)*)?"
+                      r"(\s*@\s*[A-Za-z0-9+.-]+://[^\s;]+)?(\s*;\s*[A-Za-z0-9_.<>=!~'\" ()-]+)?")
+APT_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?")
+
+
+def check_pip(spec: str, what: str = "--pip") -> str:
+    """A pip requirement specifier (`pandas`, `numpy<2`, `tokenizers==0.15.2`), or `-r FILE` of the code folder."""
+    text = str(spec).strip()
+    if text.startswith("-r"):
+        path = text[2:].strip()
+        if not path or path.startswith("/") or ".." in Path(path).parts or CONTROL.search(path):
+            raise UserError(f"{what} {spec!r}: -r names a requirements file inside the code folder, "
+                            "such as -r requirements.txt")
+        return f"-r {path}"
+    if CONTROL.search(text) or len(text) > 300 or not PIP_SPEC.fullmatch(text):
+        raise UserError(f"{what} {spec!r} is not a pip requirement (such as pandas, numpy<2 or "
+                        "tokenizers==0.15.2), nor -r FILE")
+    return text
+
+
+def check_apt(name: str, what: str = "--apt") -> str:
+    """A Debian/Ubuntu package name (`libsndfile1`, `graphviz=2.42.2-7`)."""
+    if not APT_NAME.fullmatch(str(name)):
+        raise UserError(f"{what} {name!r} is not a Debian/Ubuntu package name (such as libsndfile1)")
+    return str(name)
 
 
 TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -161,6 +251,8 @@ class LabConfig:
     swarm: SwarmSettings = SwarmSettings()
     # Nodes may be slowed or cut off on purpose (`tflab fault`, drills): they get NET_ADMIN.
     faults: bool = False
+    packages: Packages = Packages()  # installed into the node image, on top of its base
+    tensorflow: str | None = None  # the TensorFlow version pinned (None: the base's own)
 
     @property
     def net_admin(self) -> bool:
@@ -259,14 +351,15 @@ def _closest(name: str, allowed: tuple[str, ...]) -> str:
     return f" (did you mean {match[0]}?)" if match else ""
 
 
-TOP_KEYS = ("name", "target", "topology", "gpus", "host", "ports", "image", "links", "faults", "swarm", "code",
-            "data", "data_mode", "runs", "warm", "tasks")
+TOP_KEYS = ("name", "target", "topology", "gpus", "host", "ports", "image", "packages", "links", "faults", "swarm",
+            "code", "data", "data_mode", "runs", "warm", "tasks")
 TOPOLOGY_KEYS = ("nodes", "ps", "chief", "evaluator", "gpus_per_node", "share_gpus", "cpus_per_node",
                  "memory_per_node")
 HOST_KEYS = ("cpus", "numa", "gpu_numa", "memory_mib")
 GPU_KEYS = ("index", "uuid", "name", "memory_mib")
 PORT_KEYS = ("ssh_base", "tensorboard_base", "bind")
-IMAGE_KEYS = ("base", "shm_size", "memlock")
+IMAGE_KEYS = ("base", "tensorflow", "shm_size", "memlock")
+PACKAGE_KEYS = ("pip", "apt")
 LINK_KEYS = ("rate", "delay_ms")
 SWARM_KEYS = ("place", "registry")
 TASK_KEYS = ("command", "servers", "preload", "progress")
@@ -348,7 +441,9 @@ def to_yaml(config: LabConfig) -> str:
             "tensorboard_base": t.tensorboard_port_base,
             "bind": t.bind,
         },
-        "image": {"base": config.base_image, "shm_size": config.shm_size, "memlock": config.memlock},
+        "image": {"base": config.base_image, "tensorflow": config.tensorflow, "shm_size": config.shm_size,
+                  "memlock": config.memlock},
+        "packages": {"pip": list(config.packages.pip), "apt": list(config.packages.apt)},
         "links": {"rate": config.links.rate, "delay_ms": config.links.delay_ms},
         "faults": config.faults,
         "code": config.code,
@@ -469,6 +564,22 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
             raise UserError(f"{source}: {exc}") from None
     for key in ("code", "data", "runs"):
         read.string(doc, key, "", None)
+    packages_doc = read.mapping(doc.get("packages"), "packages", PACKAGE_KEYS)
+    listed: dict[str, tuple[str, ...]] = {}
+    for key, check in (("pip", check_pip), ("apt", check_apt)):
+        values = packages_doc.get(key) or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise read.fail(f"packages.{key}", f"must be a list of texts, not {_shown(values)}")
+        try:
+            listed[key] = tuple(check(v, f"packages.{key}") for v in values)
+        except UserError as exc:
+            raise UserError(f"{source}: {exc}") from None
+    tensorflow = read.string(image, "tensorflow", "image", None)
+    if tensorflow is not None:
+        try:
+            check_tensorflow(str(tensorflow))
+        except UserError as exc:
+            raise UserError(f"{source}: image.tensorflow: {exc}") from None
     try:
         check_one_line(read.string(doc, "name", "", "lab") or "lab", "name")
         check_image_ref(read.string(image, "base", "image", AUTO_BASE) or AUTO_BASE, "image.base")
@@ -487,6 +598,8 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
         runs=doc.get("runs") or DEFAULT_RUNS,
         shm_size=read.string(image, "shm_size", "image", "2g") or "2g",
         memlock=read.integer(image, "memlock", "image", None, minimum=-1),
+        packages=Packages(pip=listed["pip"], apt=listed["apt"]),
+        tensorflow=tensorflow,
         tasks=parse_tasks(doc.get("tasks"), source),
         links=links,
         swarm=SwarmSettings(place=dict(place), registry=read.string(swarm, "registry", "swarm", None)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import zipfile
 
 from tflab import resources
@@ -24,7 +25,7 @@ ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 def default_base(config: LabConfig) -> str:
     """The Dockerfile's default base (tflab passes the resolved one as a build argument)."""
-    return cfg.base_name(config.base_image, config.has_gpus)
+    return cfg.base_name(config.base_image, config.has_gpus, config.tensorflow)
 
 
 def dockerfile(config: LabConfig) -> str:
@@ -54,9 +55,24 @@ def node_files() -> dict[str, bytes]:
     return dict(sorted(files.items()))
 
 
-def image_context(config: LabConfig) -> dict[str, bytes]:
-    """Every file of the node image's build context, by name."""
-    return {"Dockerfile": dockerfile(config).encode(), **node_files()}
+PACKAGES_FILE = "packages.json"  # the lab's packages, in the image (`doctor` and `status` read them there)
+REQUIREMENTS_DIR = "requirements"  # the code folder's requirements files, as they were at build time
+
+
+def packages_files(config: LabConfig, requirements: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """The context's files that say the lab's packages (so that the image's tag changes with them)."""
+    if not config.packages and not config.tensorflow:
+        return {}
+    doc = {"pip": list(config.packages.pip), "apt": list(config.packages.apt), "tensorflow": config.tensorflow}
+    files = {PACKAGES_FILE: (json.dumps(doc, indent=1) + "\n").encode()}
+    for name, content in sorted((requirements or {}).items()):
+        files[f"{REQUIREMENTS_DIR}/{name}"] = content
+    return files
+
+
+def image_context(config: LabConfig, requirements: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """Every file of the node image's build context, by name (the requirements files: read from the code folder)."""
+    return {"Dockerfile": dockerfile(config).encode(), **node_files(), **packages_files(config, requirements)}
 
 
 def image_tag(context: dict[str, bytes], base_id: str = "") -> str:
