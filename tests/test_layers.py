@@ -65,3 +65,19 @@ def test_only_the_command_line_prints() -> None:
 def test_every_module_sits_in_a_layer() -> None:
     top = sorted(p.name for p in (REPO / "tflab").glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "errors.py", "resources.py"]
+
+
+def test_the_run_state_machine_imports_with_no_engine() -> None:
+    """run/machine.py is pure: it imports (and decides a run) with the docker SDK absent (issue 25)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['docker'] = None\n"
+            "from tflab.run.machine import Began, RunMachine, RunPlan, Serving\n"
+            "m = RunMachine(RunPlan(servers=('ps0',), finishers=('worker0',), chief='worker0'))\n"
+            "m.handle(Began(0.0)); print(m.handle(Serving('ps0', 1.0))[-1])\n"
+            "print(sorted(n for n in sys.modules if n.startswith('tflab.engine')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    assert "worker0" in done.stdout.splitlines()[0]

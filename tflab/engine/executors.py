@@ -80,15 +80,23 @@ class Executor(Protocol):
         """Start `argv` and leave it running in the node, detached from tflab."""
 
 
-def _safe(on_output: Output, errors: list[BaseException]) -> Output:
-    """`on_output` that never breaks the reading loop (the first error is kept for the caller)."""
+def _safe(on_output: Output) -> Output:
+    """`on_output` that never breaks the reading loop: the process is read to its end whatever its reader does.
+
+    The readers handle their own failures (a closed stdout ends the command: cli.common.StreamOut;
+    a run's sink stops the run); anything else they raise is logged (`tflab -v`) and they are not
+    called again, rather than kept in a list nobody reads.
+    """
+    failed: list[bool] = []
 
     def call(chunk: bytes, is_err: bool) -> None:
+        if failed:
+            return
         try:
             on_output(chunk, is_err)
-        except Exception as exc:  # noqa: BLE001 - reported through on_exit's reason
-            if not errors:
-                errors.append(exc)
+        except Exception:  # noqa: BLE001 - the reader's own failure; the process is still read
+            failed.append(True)
+            log.debug("a process's output reader failed; its further output is dropped", exc_info=True)
 
     return call
 
@@ -135,11 +143,10 @@ class _DockerProcess:
         return self.ended.wait(timeout)
 
     def pump(self, on_output: Output, on_exit: OnExit) -> None:
-        errors: list[BaseException] = []
         reason: str | None = None
         code: int | None = None
         try:
-            emit = _safe(on_output, errors)
+            emit = _safe(on_output)
             for stream, data in frames_iter(self.connection, tty=False):
                 if data:
                     emit(data, stream == 2)
@@ -284,8 +291,7 @@ class _SshProcess:
         return self.ended.wait(timeout)
 
     def pump(self, on_output: Output, on_exit: OnExit) -> None:
-        errors: list[BaseException] = []
-        emit = _safe(on_output, errors)
+        emit = _safe(on_output)
         tail: list[bytes] = []
         code: int | None = None
         reason: str | None = None

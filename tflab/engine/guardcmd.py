@@ -14,6 +14,7 @@ import logging
 from tflab.engine.executors import Executor
 from tflab.errors import TflabError
 from tflab.host.fanout import parallel
+from tflab.plan.tasks import OOM
 from tflab.plan.topology import GRPC_PORT
 
 log = logging.getLogger("tflab.guard")
@@ -107,9 +108,6 @@ def metrics(every_s: float = 1.0) -> list[str]:
 def ended(key: str) -> list[str]:
     """Print how `key`'s process ended: `CODE`, `137 oom` where the kernel's OOM killer ended it, or `unknown`."""
     return [*GUARD, "ended", key]
-
-
-OOM = "out of memory"
 
 
 def end_reason(executor: Executor, node: str, key: str, code: int | None) -> str | None:

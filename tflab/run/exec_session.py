@@ -34,6 +34,7 @@ from tflab.host.locks import file_lock
 from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
+from tflab.run.launcher import RECORD_EVERY_S, TICK_S  # one supervision pace for runs and execs
 from tflab.run.machine import (
     Began,
     Exited,
@@ -53,8 +54,6 @@ from tflab.run.machine import (
     Output as OutputEvent,
 )
 
-TICK_S = 0.2
-RECORD_EVERY_S = 2.0
 WATCH_S = 0.5
 HOLD_TIMEOUT_S = 30.0
 FORCE_WAIT_S = 10.0  # after the second Ctrl-C, how long a process that will not stop is waited on

@@ -48,8 +48,8 @@ from tflab.run.machine import (
 )
 
 log = logging.getLogger("tflab.launcher")
-TICK_S = 0.2
-RECORD_EVERY_S = 2.0
+TICK_S = 0.2  # the supervision loops (runs and execs) tick this often
+RECORD_EVERY_S = 2.0  # ... and write their records this often
 
 
 class Injector(Protocol):

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tflab.engine.guardcmd import OOM
 from tflab.plan import progress
 from tflab.plan.config import Task
 from tflab.plan.faults import ENDS_PROCESS, Fault
 from tflab.plan.machines import memory_text
-from tflab.plan.tasks import start_order
+from tflab.plan.tasks import OOM, start_order
 from tflab.plan.topology import GRPC_PORT, Lab
 from tflab.run.drills import Drills, describe
 
