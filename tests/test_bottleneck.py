@@ -80,3 +80,31 @@ def test_nothing_at_a_limit_says_so() -> None:
     found = find(series({"ps0": 0.3, "worker0": 0.5, "worker1": 0.5, "worker2": 0.5}), shape())
     assert found.kind == "none" and found.evidence.startswith("the busiest node, worker0, used 50% of its 0.5 CPU")
     assert find(Series(), shape()) == Limit("none", "too few figures of the training to tell")
+
+
+def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> None:
+    """run/cluster.py: snapshots before the first step (imports) are not the design's; after it they are."""
+    from tflab.engine.metrics import Snapshot
+    from tflab.plan.topology import Topology, plan
+    from tflab.run.cluster import ClusterWatch
+    from tflab.run.machine import Began, Output, RunMachine, RunPlan, Serving
+
+    from tflab.plan.machines import HostFacts
+
+    lab = plan(Topology(nodes=4, cpus_per_node="0.5"), [], HostFacts(cpus=(0, 1), numa_cpus={0: (0, 1)},
+                                                                     memory_mib=8192))
+    machine = RunMachine(RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0"))
+    machine.handle(Began(0.0))
+    machine.handle(Serving("ps0", 1.0))
+    watch = ClusterWatch(executor=None, lab=lab, folder=tmp_path, machine=machine, host_cpus=2, board=False)
+
+    def snap(t: float, ps: float) -> Snapshot:
+        return Snapshot(t, {n: NodeFigures(node=n, t=t, cpu_used=(ps if n == "ps0" else 0.2) * 0.5, cpu_owned=0.5)
+                            for n in NODES}, host_busy=0.6)
+
+    for t in range(5):
+        watch._snapshot(snap(float(t), 0.1))  # importing: no step yet
+    machine.handle(Output("worker0", 5.0, 1))
+    for t in range(5, 10):
+        watch._snapshot(snap(float(t), 0.97))
+    assert watch.stop() == Limit("ps-cpu", "ps0 at 97% of its 0.5 CPU; workers at 20% of theirs")

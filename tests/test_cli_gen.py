@@ -220,6 +220,12 @@ def test_help_reads_plainly_piped_and_gen_groups_its_options(runner) -> None:
         assert "\\[" not in result.stdout, (name, result.stdout)
     text = runner.invoke(cli, ["gen", "--help"], terminal_width=100).stdout
     assert "[default: 4]" in text
+    import subprocess
+    import sys
+
+    piped = subprocess.run([sys.executable, "-m", "tflab", "gen", "--help"], capture_output=True, text=True,
+                           timeout=60, env={**__import__("os").environ, "COLUMNS": "60"})  # __main__, into a pipe
+    assert piped.returncode == 0 and "[default: 4]" in piped.stdout and "\\[" not in piped.stdout, piped.stdout
     headings = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
     assert headings == ["Topology:", "A node's resources:", "Ports:", "Images, code and data:", "Links and faults:",
                         "Beyond one host:", "The lab:", "Options:"], headings

@@ -224,3 +224,21 @@ def test_fault_values_without_meaning_are_refused(spec: str, message: str) -> No
     # issue 30.10, 30.11: a share the engine does not set was reported as set; `inf` was an internal error
     with pytest.raises(UserError, match=message):
         parse(spec, NODES)
+
+
+def test_the_injector_refuses_a_cpu_share_beyond_the_nodes_cpus_before_the_engine(runner, tmp_path, monkeypatch) -> None:
+    """engine/faults.py: `fault cpu worker0 64` on a 2-CPU host 'gave' 64 CPUs (issue 30.10)."""
+    from conftest import cli
+
+    from tflab.engine.faults import FaultInjector
+    from tflab.host import labfiles
+
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
+    assert runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2"]).exit_code == 0
+    lf = labfiles.open_lab(tmp_path / "lab")
+    injector = FaultInjector(lf, client=None, executor_for=None, ssh_target=None)
+    most = len(lf.lab.node("worker0").machine.cpuset) or len(lf.config.host.cpus)
+    with pytest.raises(UserError, match=rf"cpu worker0 64: worker0 runs on .*so it cannot have more than {most} CPU"):
+        injector.check(parse("cpu worker0 64", ("ps0", "worker0"), timed=False))
+    with pytest.raises(UserError, match="changes a node's network, which needs the NET_ADMIN capability"):
+        injector.check(parse("slow worker0 10mbit", ("ps0", "worker0"), timed=False))

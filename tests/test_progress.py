@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tflab.errors import UserError
@@ -133,3 +135,27 @@ def test_tensorflows_cpp_chatter_is_noise_and_a_programs_own_records_are_not(lin
     from tflab.plan.progress import is_noise
 
     assert is_noise(line) is noise
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "output"
+
+
+@pytest.mark.parametrize("name", ["keras3_verbose1.txt", "keras3_verbose2.txt"])
+def test_real_keras_output_counts_its_batches_and_not_evaluate(name: str) -> None:
+    """Captured from Keras 3 (TensorFlow 2.21) in a node: fit 3 epochs of 8 batches, evaluate, fit again."""
+    from tflab.plan.progress import LineSplitter
+
+    splitter, reader = LineSplitter(updates=True), ProgressReader()
+    steps = [r.step for r in map(reader.read, splitter.feed((FIXTURES / name).read_bytes()) + splitter.rest()) if r]
+    assert steps[-1] == 24 and steps == sorted(steps), steps  # evaluate's 8/8 and the second fit never step back
+    assert {8, 16, 24} <= set(steps)
+
+
+def test_real_tqdm_output_is_read_as_it_moves() -> None:
+    """Captured from tqdm 4.70 into a pipe: one line rewritten with \\r, 50 iterations."""
+    from tflab.plan.progress import LineSplitter
+
+    splitter, reader = LineSplitter(updates=True), ProgressReader()
+    parts = splitter.feed((FIXTURES / "tqdm.txt").read_bytes()) + splitter.rest()
+    steps = [r.step for r in map(reader.read, parts) if r]
+    assert steps[0] == 0 and steps[-1] == 50 and steps == sorted(steps) and len(steps) >= 40, steps
