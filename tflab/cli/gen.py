@@ -212,7 +212,7 @@ def gen(
             raise
     written = labfiles.write_lab(config, root, force, scaffold)
     out = console()
-    out.print(views.lab_table(written.lab, bind, title=f"lab {config.name} in {root}"))
+    out.print(views.lab_table(written.lab, bind, title=f"lab '{config.name}' in {root}"))
     picture = views.gpu_map(written.lab, listed)
     if picture is not None:
         out.print(picture)

@@ -79,10 +79,23 @@ def up(lab: LabOption = Path(".")) -> None:
     out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links,
                                  swarm=lf.config.target == "swarm"))
     if copied:
-        out.print("copied: " + ", ".join(copied))
+        out.print(copied_text(copied, lf.lab.names), soft_wrap=True)
     if lf.warm_off:
         out.print(lf.warm_off)
     out.print(f"ready: {len(lf.lab.nodes)} nodes; shared runs folder {lf.runs_dir}")
+
+
+def copied_text(copied: list[str], names: list[str]) -> str:
+    """`code→ps0, data→worker1, ...` as a sentence: what went into which nodes, in the lab's order."""
+    into: dict[str, list[str]] = {}
+    for item in copied:
+        what, _, node = item.partition("→")
+        into.setdefault(what, []).append(node)
+    parts = []
+    for what, nodes in into.items():
+        ordered = [n for n in names if n in nodes] + sorted(n for n in nodes if n not in names)
+        parts.append(f"{what} into {'every node' if ordered == list(names) else ', '.join(ordered)}")
+    return "copied " + "; ".join(parts) + " (changed files only on the next up)"
 
 
 def status(lab: LabOption = Path(".")) -> None:
