@@ -17,13 +17,13 @@ def shape(cpus: float | None = 0.5, host_cpus: int = 2, link_mbit: float | None 
 
 def series(busy: dict[str, float], host: float = 0.5, samples: int = 10, memory: dict[str, float] | None = None,
            rx: dict[str, float] | None = None, tx: dict[str, float] | None = None,
-           owned: float | dict[str, float] = 0.5) -> Series:
+           owned: float | dict[str, float] = 0.5, throttled: dict[str, float] | None = None) -> Series:
     """`owned`: the CPUs each node's cgroup says it owns (a `fault cpu` changes it from the design's)."""
     mine = owned if isinstance(owned, dict) else {n: owned for n in NODES}
     out = Series()
     for _ in range(samples):
         out.add(host, [NodeFigures(node=n, t=0.0, cpu_used=busy.get(n, 0.1) * mine.get(n, 0.5),
-                                   cpu_owned=mine.get(n, 0.5),
+                                   cpu_owned=mine.get(n, 0.5), throttled=(throttled or {}).get(n, 0.0),
                                    memory_mb=(memory or {}).get(n, 0.2) * 1000, memory_limit_mb=1000.0,
                                    rx_mbit=(rx or {}).get(n, 1.0), tx_mbit=(tx or {}).get(n, 1.0)) for n in NODES])
     return out
@@ -33,6 +33,14 @@ def test_a_starved_parameter_server_is_the_limit() -> None:
     found = find(series({"ps0": 0.96, "worker0": 0.4, "worker1": 0.42, "worker2": 0.38}, host=0.95), shape())
     assert found == Limit("ps-cpu", "ps0 at 96% of its 0.5 CPU; workers at 40% of theirs")
     assert found.sentence() == "what limited this run: ps-cpu: ps0 at 96% of its 0.5 CPU; workers at 40% of theirs"
+
+
+def test_a_parameter_server_held_back_at_its_quota_is_at_its_share() -> None:
+    # the demo's run: ps0 used 82% of its 0.5 CPU on average, its quota holding it back in 47% of its periods
+    found = find(series({"ps0": 0.82, "worker0": 0.5, "worker1": 0.52, "worker2": 0.48}, throttled={"ps0": 0.47}),
+                 shape())
+    assert found == Limit("ps-cpu", "ps0 at 82% of its 0.5 CPU (held back at its quota in 47% of its periods); "
+                                    "workers at 50% of theirs")
 
 
 def test_a_node_busy_at_its_own_share_on_a_busy_host_is_the_design_not_the_host() -> None:

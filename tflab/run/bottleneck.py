@@ -23,7 +23,8 @@ from typing import Any
 
 SATURATED = 0.90  # the host's CPUs this busy...
 MOST = 0.50  # ...for more than this share of the training
-AT_SHARE = 0.85  # a node using this much of the CPUs it owns, on average, is at its share
+AT_SHARE = 0.85  # a node using this much of the CPUs it owns, on average, is at its share...
+THROTTLED = 0.30  # ...as is one its quota held back in this share of its scheduling periods
 BELOW = 0.15  # ...and the others at least this much less busy: it, not they, set the pace
 STRAGGLER_GAP = 0.25  # one worker at its share, the others this much below: the straggler
 NEAR_LINK = 0.80  # traffic this close to a link's rate (busiest quarter of the samples)
@@ -61,6 +62,7 @@ class Series:
     rx_mbit: dict[str, list[float]] = field(default_factory=dict)
     tx_mbit: dict[str, list[float]] = field(default_factory=dict)
     owned: dict[str, float] = field(default_factory=dict)  # the CPUs each node owned, as its cgroup said last
+    throttled: dict[str, list[float]] = field(default_factory=dict)  # share of its quota periods held back
 
     def add(self, host_busy: float | None, nodes: Sequence[Any]) -> None:
         """One snapshot: the host's busy share and each node's figures (engine.metrics.NodeFigures)."""
@@ -70,6 +72,8 @@ class Series:
             if figures.cpu_share is not None:
                 self.cpu_share.setdefault(figures.node, []).append(figures.cpu_share)
                 self.owned[figures.node] = figures.cpu_owned
+            if figures.throttled is not None:
+                self.throttled.setdefault(figures.node, []).append(figures.throttled)
             if figures.memory_share is not None:
                 self.memory_share.setdefault(figures.node, []).append(figures.memory_share)
                 self.memory_limit_mb[figures.node] = figures.memory_limit_mb
@@ -125,7 +129,8 @@ def find(series: Series, shape: Shape) -> Limit:
             if len(v) >= MIN_SAMPLES and shape.cpus.get(n) is not None}
     # what each owned during the run (a `tflab fault cpu` changes it), else what the design gave it
     owned = {n: series.owned.get(n) or shape.cpus.get(n) for n in shape.cpus}
-    cpu = _cpu(busy, shape, owned)
+    held = {n: _mean(v) for n, v in series.throttled.items() if len(v) >= MIN_SAMPLES}
+    cpu = _cpu(busy, shape, owned, held)
     if cpu is not None:
         return cpu
     if busy:
@@ -167,10 +172,16 @@ def _link(series: Series, shape: Shape) -> Limit | None:
     return Limit("link", max(found)[1]) if found else None
 
 
-def _cpu(busy: Mapping[str, float], shape: Shape, owned: Mapping[str, float | None]) -> Limit | None:
+def _held(node: str, held: Mapping[str, float]) -> str:
+    share = held.get(node, 0.0)
+    return f" (held back at its quota in {share:.0%} of its periods)" if share >= THROTTLED else ""
+
+
+def _cpu(busy: Mapping[str, float], shape: Shape, owned: Mapping[str, float | None],
+         held: Mapping[str, float]) -> Limit | None:
     servers = {n: busy[n] for n in shape.servers if n in busy}
     workers = {n: busy[n] for n in shape.workers if n in busy}
-    at_share = {n for n, b in busy.items() if b >= AT_SHARE}
+    at_share = {n for n, b in busy.items() if b >= AT_SHARE or held.get(n, 0.0) >= THROTTLED}
     if not at_share:
         return None
     worker_mean = _mean(list(workers.values())) if workers else 0.0
@@ -178,15 +189,15 @@ def _cpu(busy: Mapping[str, float], shape: Shape, owned: Mapping[str, float | No
     if top_server in at_share and servers[top_server] >= worker_mean + BELOW:
         theirs = f"; workers at {worker_mean:.0%} of theirs" if workers else ""
         return Limit("ps-cpu", f"{top_server} at {servers[top_server]:.0%} of its {_cpus(owned.get(top_server))}"
-                               f"{theirs}")
+                               f"{_held(top_server, held)}{theirs}")
     loaded = sorted((n for n in workers if n in at_share), key=lambda n: -workers[n])
     if not loaded:
         return None
     others = [b for n, b in workers.items() if n not in loaded]
     if len(loaded) == 1 and others and _mean(others) <= workers[loaded[0]] - STRAGGLER_GAP:
         one = loaded[0]
-        return Limit("worker-cpu", f"{one} at {workers[one]:.0%} of its {_cpus(owned.get(one))}, the other workers "
-                                   f"at {_mean(others):.0%} of theirs: {one} is the straggler")
+        return Limit("worker-cpu", f"{one} at {workers[one]:.0%} of its {_cpus(owned.get(one))}{_held(one, held)}, "
+                                   f"the other workers at {_mean(others):.0%} of theirs: {one} is the straggler")
     servers_text = f" ({', '.join(f'{n} at {b:.0%}' for n, b in servers.items())})" if servers else ""
     return Limit("worker-cpu", f"{', '.join(loaded)} at {_mean([workers[n] for n in loaded]):.0%} of their "
                                f"CPU shares{servers_text}")
