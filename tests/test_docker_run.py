@@ -55,7 +55,9 @@ def task_processes(client, project: str) -> dict[str, str]:
         for line in listing.splitlines():
             pid, _, args = line.strip().partition(" ")
             args = args.strip()
-            if not args or args.startswith(("/sbin/docker-init", "sshd", "ps -eo", "sh -c for f in", "runc init")):
+            # sshd's own: the daemon, and the child it forks for each connection (the healthcheck's, every 3 s)
+            if not args or args.startswith(("/sbin/docker-init", "sshd", "/usr/sbin/sshd", "ps -eo", "sh -c for f in",
+                                            "runc init")):
                 continue
             if args.startswith("python3 /usr/local/share/tflab/guard.pyz standby") and pid not in busy:
                 continue

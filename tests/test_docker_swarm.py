@@ -78,14 +78,15 @@ def test_a_swarm_lab_trains_over_docker_exec_and_over_ssh_and_goes_away(swarm, l
 
 
 def test_three_workers_into_one_node_share_its_link_on_a_swarm_too(swarm, labs, runner) -> None:
-    """Issue 26.1 on a swarm lab: a node's shaped link holds its rate for what it receives too."""
+    """Issue 26.1 on a swarm lab: a node's shaped link holds its rate both ways."""
     import re
 
     from test_docker_run import add_tasks
 
     lab = labs.gen("--target", "swarm", "--bind", "0.0.0.0", "--link-rate", "20mbit", nodes=4,
                    code=REPO / "tests" / "programs")
-    add_tasks(lab, {"into": "python /workspace/blast.py in {job_name} {node} 8 3"})
+    add_tasks(lab, {"into": "python /workspace/blast.py in {job_name} {node} 8 3",
+                    "from": "python /workspace/blast.py out {job_name} {node} 8 3"})
     lf = labfiles.open_lab(lab)
     try:
         up = runner.invoke(cli, ["up", "--lab", str(lab)])
@@ -94,6 +95,10 @@ def test_three_workers_into_one_node_share_its_link_on_a_swarm_too(swarm, labs, 
         assert into.exit_code == 0, into.stdout[-3000:] + into.stderr[-2000:]
         received = float(re.search(r"ps0: received ([\d.]+) Mbit/s from 3 workers at once", into.stdout).group(1))
         assert 16 <= received <= 24, f"three workers into one 20mbit swarm node: {received} Mbit/s"
+        out = runner.invoke(cli, ["run", "from", "--lab", str(lab)])
+        assert out.exit_code == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        rates = [float(x) for x in re.findall(r"worker\d: received ([\d.]+) Mbit/s from ps0", out.stdout)]
+        assert len(rates) == 3 and 16 <= sum(rates) <= 24, f"one 20mbit swarm node into three: {rates}"
         assert runner.invoke(cli, ["down", "--lab", str(lab)]).exit_code == 0
     finally:
         subprocess.run(["docker", "stack", "rm", lf.project], capture_output=True)

@@ -95,7 +95,7 @@ def copied_text(copied: list[str], names: list[str]) -> str:
     for what, nodes in into.items():
         ordered = [n for n in names if n in nodes] + sorted(n for n in nodes if n not in names)
         parts.append(f"{what} into {'every node' if ordered == list(names) else ', '.join(ordered)}")
-    return "copied " + "; ".join(parts) + " (changed files only on the next up)"
+    return "copied " + "; ".join(parts)
 
 
 def status(lab: LabOption = Path(".")) -> None:
