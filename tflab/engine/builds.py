@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import docker
 import docker.errors
+import docker.types
+from docker.models.containers import Container
 
-from tflab.host import proc
+from tflab.host import buildsettings, proc
+from tflab.host.buildsettings import BUILD_MOUNT, PipSettings
 
 
 def _ignore(_text: str) -> None:
@@ -70,3 +75,30 @@ def run_logged(argv: list[str], log: TextIO, progress: Progress) -> int:
             progress.detail(line.strip())
 
     return proc.stream(argv, on_line)
+
+
+@contextmanager
+def settings_mount(pip: PipSettings) -> Iterator[docker.types.Mount]:
+    """The host's build settings (pip.conf, proxy.env, ca.pem) as a read-only mount at BUILD_MOUNT.
+
+    A build container reads them there; no image it is committed to, or imported from, keeps them.
+    """
+    with tempfile.TemporaryDirectory(prefix="tflab-build-") as folder:
+        for name, content in buildsettings.build_files(pip).items():
+            path = Path(folder, name)
+            path.write_bytes(content)
+            path.chmod(0o644)
+        os.chmod(folder, 0o755)
+        yield docker.types.Mount(BUILD_MOUNT, folder, type="bind", read_only=True)
+
+
+def follow(container: Container, log_path: Path, progress: Progress) -> int:
+    """Start a build container, its output into `log_path` (appended) and the progress' detail; its exit code."""
+    container.start()
+    with log_path.open("a") as log:
+        for line in container.logs(stream=True, follow=True):
+            text = line.decode(errors="replace")
+            log.write(text)
+            if text.strip():
+                progress.detail(text.strip())
+    return int(container.wait().get("StatusCode", 1))

@@ -24,7 +24,7 @@ import docker
 import docker.errors
 import docker.types
 
-from tflab.engine.builds import BuildResult, Progress, image_exists, new_log, run_logged
+from tflab.engine.builds import BuildResult, Progress, follow, image_exists, new_log, run_logged, settings_mount
 from tflab.errors import EngineError, UserError
 from tflab.host import buildsettings, proc
 from tflab.host.buildsettings import BUILD_MOUNT, AptMirror, PipSettings
@@ -275,31 +275,17 @@ def _install_tensorflow(client: docker.DockerClient, raw: str, rootfs: Path, pac
     progress.step(f"pip install {package}")
     venv = rootfs / VENV.lstrip("/")
     venv.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tflab-build-") as settings_dir:
-        for name, content in buildsettings.build_files(pip).items():
-            path = Path(settings_dir, name)
-            path.write_bytes(content)
-            path.chmod(0o644)
-        os.chmod(settings_dir, 0o755)
+    with settings_mount(pip) as settings:
         container = client.containers.create(
             raw, install_argv(package, wheels=wheels is not None),
             # Only the file's path: the settings themselves stay in the mount.
             environment={"PIP_CONFIG_FILE": f"{BUILD_MOUNT}/pip.conf"},
-            mounts=[docker.types.Mount(BUILD_MOUNT, settings_dir, type="bind", read_only=True),
-                    docker.types.Mount(VENV, str(venv), type="bind"),
+            mounts=[settings, docker.types.Mount(VENV, str(venv), type="bind"),
                     *([docker.types.Mount(WHEELS_MOUNT, str(wheels), type="bind", read_only=True)] if wheels else [])],
             labels={"tflab.build": "base"},
         )
         try:
-            container.start()
-            with log_path.open("a") as log:
-                for line in container.logs(stream=True, follow=True):
-                    text = line.decode(errors="replace")
-                    log.write(text)
-                    if text.strip():
-                        progress.detail(text.strip())
-            status = container.wait()
-            if status.get("StatusCode", 1) != 0:
+            if follow(container, log_path, progress) != 0:
                 tail = container.logs(tail=3).decode(errors="replace").strip().splitlines()
                 hint = tail[-1] if tail else "no output"
                 advice = " (pass the CA bundle your network needs with --ca-bundle)" if "certificate" in hint.lower() else ""

@@ -9,17 +9,13 @@ that does not exist fails the build with pip's (or apt's) own line, and tags not
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
+import json
 
 import docker
 import docker.errors
-import docker.types
 
-from tflab.engine.builds import BuildResult, Progress, new_log
+from tflab.engine.builds import BuildResult, Progress, follow, new_log, settings_mount
 from tflab.errors import EngineError
-from tflab.host import buildsettings
 from tflab.host.buildsettings import BUILD_MOUNT, PipSettings
 from tflab.plan.config import Packages
 
@@ -64,30 +60,14 @@ def install(client: docker.DockerClient, stage: str, tag: str, packages: Package
     """`packages` installed on the image `stage`, committed as `tag` (nothing is tagged when they fail)."""
     progress.step("installing the lab's packages: " + ", ".join([*packages.apt, *packages.pip]))
     log_path = new_log("packages")
-    with tempfile.TemporaryDirectory(prefix="tflab-build-") as settings_dir:
-        for name, content in buildsettings.build_files(pip).items():
-            path = Path(settings_dir, name)
-            path.write_bytes(content)
-            path.chmod(0o644)
-        os.chmod(settings_dir, 0o755)
+    with settings_mount(pip) as settings:
         try:
-            container = client.containers.create(
-                stage, install_argv(packages), entrypoint=[], user="root",
-                mounts=[docker.types.Mount(BUILD_MOUNT, settings_dir, type="bind", read_only=True)],
-                labels={"tflab.build": "packages"},
-            )
+            container = client.containers.create(stage, install_argv(packages), entrypoint=[], user="root",
+                                                 mounts=[settings], labels={"tflab.build": "packages"})
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot start the packages' install: {exc.explanation or exc}") from exc
         try:
-            container.start()
-            with log_path.open("w") as log:
-                for line in container.logs(stream=True, follow=True):
-                    text = line.decode(errors="replace")
-                    log.write(text)
-                    if text.strip():
-                        progress.detail(text.strip())
-            status = container.wait()
-            if status.get("StatusCode", 1) != 0:
+            if follow(container, log_path, progress) != 0:
                 said = failure_line(log_path.read_text(errors="replace"))
                 advice = " (pass the CA bundle your network needs: `tflab base --ca-bundle`)" \
                     if "certificate" in said.lower() else ""
@@ -97,17 +77,11 @@ def install(client: docker.DockerClient, stage: str, tag: str, packages: Package
             # The commit keeps the container's command in the image's history: only names and paths are in it.
             image = container.commit(repository=repository, tag=version, changes=[
                 # the install container's own label is not the image's (its nodes would carry it)
-                f"ENTRYPOINT {_json(entrypoint)}", "CMD []", "LABEL tflab.image=node tflab.build=",
+                f"ENTRYPOINT {json.dumps(entrypoint)}", "CMD []", "LABEL tflab.image=node tflab.build=",
             ])
         finally:
             container.remove(force=True)
     return BuildResult(tag, image.id, built=True, log=log_path)
-
-
-def _json(words: list[str]) -> str:
-    import json
-
-    return json.dumps(words)
 
 
 __all__ = ["failure_line", "install", "install_argv"]
