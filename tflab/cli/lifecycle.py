@@ -82,7 +82,7 @@ def up(lab: LabOption = Path(".")) -> None:
         out.print(copied_text(copied, lf.lab.names), soft_wrap=True)
     if lf.warm_off:
         out.print(lf.warm_off)
-    out.print(f"ready: {len(lf.lab.nodes)} nodes; shared runs folder {lf.runs_dir}")
+    out.print(f"ready: {plural(len(lf.lab.nodes), 'node')}; shared runs folder {lf.runs_dir}")
 
 
 def copied_text(copied: list[str], names: list[str]) -> str:

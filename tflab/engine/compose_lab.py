@@ -155,7 +155,7 @@ def up(lf: LabFiles, client: docker.DockerClient, progress: Progress) -> list[st
         if not wait_for_ssh(host, ports_of[name], deadline):
             raise not_ready(name, (host, ports_of[name]), container)
 
-    progress.step(f"starting {len(lf.lab.nodes)} nodes")
+    progress.step(f"starting {len(lf.lab.nodes)} node{'' if len(lf.lab.nodes) == 1 else 's'}")
     try:
         running = compose_up.start(client, doc, lf.root, lf.project, lf.compose_path, on_running)
     finally:
