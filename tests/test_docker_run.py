@@ -36,7 +36,7 @@ def add_tasks(lab: Path, tasks: dict) -> None:
 
 
 SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*.pid; "
-         "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,args=")
+         "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,stat=,args=")
 
 
 def task_processes(client, project: str) -> dict[str, str]:
@@ -53,8 +53,9 @@ def task_processes(client, project: str) -> dict[str, str]:
         busy = set(tasks.split())
         rest = []
         for line in listing.splitlines():
-            pid, _, args = line.strip().partition(" ")
-            args = args.strip()
+            pid, state, args = (line.split(None, 2) + ["", ""])[:3]
+            if state.startswith("Z"):
+                continue  # exited, not yet reaped by its parent: it runs nothing (a standby request that found one)
             # sshd's own: the daemon, and the child it forks for each connection (the healthcheck's, every 3 s)
             if not args or args.startswith(("/sbin/docker-init", "sshd", "/usr/sbin/sshd", "ps -eo", "sh -c for f in",
                                             "runc init")):
