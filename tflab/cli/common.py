@@ -14,10 +14,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tflab.engine import daemon
+from tflab.engine import daemon, run_knobs
 from tflab.engine.backend import VIAS, LabBackend, open_backend
 from tflab.engine.builds import Progress
-from tflab.errors import UserError
+from tflab.engine.faults import FaultInjector
+from tflab.errors import TflabError, UserError
 from tflab.host import labfiles
 from tflab.plan.progress import LineSplitter, is_noise
 
@@ -176,5 +177,26 @@ class StreamOut:
 
 
 def backend(lf: labfiles.LabFiles) -> LabBackend:
-    """The engine side of the lab (compose on this host, or a swarm), on the engine of this host."""
-    return open_backend(lf, daemon.client())
+    """The engine side of the lab (compose on this host, or a swarm), on the engine of this host.
+
+    Where a run that is gone (tflab killed) left its knobs on the nodes, they are restored first.
+    """
+    side = open_backend(lf, daemon.client())
+    if run_knobs.left_behind(lf):
+        restore_left_knobs(lf, side)
+    return side
+
+
+def restore_left_knobs(lf: labfiles.LabFiles, side: LabBackend) -> None:
+    """Put back the links and CPU quotas a killed run had changed for itself, and say so."""
+    note = run_knobs.read_note(lf) or {}
+    injector = FaultInjector(lf, daemon.client(), side.executor, lambda node: side.ssh_targets()[node])
+    try:
+        done = run_knobs.KnobSetter(injector).restore()
+    except TflabError as exc:
+        err_console().print(f"tflab: run {note.get('task')} ended without restoring what it changed, and restoring "
+                            f"it failed: {escape(str(exc))}; `tflab fault clear` tries again", soft_wrap=True)
+        return
+    if done:
+        err_console().print(f"tflab: run {note.get('task')} (pid {note.get('pid')}) ended without restoring what its "
+                            f"knobs changed; restored: {'; '.join(done)}", soft_wrap=True)

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Annotated
 
@@ -28,17 +29,23 @@ from tflab.cli.common import (
     keep_line,
     open_lab,
 )
-from tflab.engine import guardcmd
+from tflab.engine import guardcmd, run_knobs
+from tflab.engine.backend import LabBackend
+from tflab.engine.faults import FaultInjector
+from tflab.engine.run_knobs import KnobSetter
 from tflab.errors import UserError
 from tflab.host import locks, proc
 from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
 from tflab.host.signals import stop_signals
 from tflab.plan import faults
-from tflab.plan.config import check_task_name
+from tflab.plan import knobs as knob_rules
+from tflab.plan.config import Task, check_task_name
+from tflab.plan.knobs import Knobs
 from tflab.run import history
 from tflab.run.bottleneck import Limit
-from tflab.run.machine import run_plan
+from tflab.run.launcher import RunResult
+from tflab.run.machine import RunPlan, run_plan
 from tflab.run.task_run import RunOptions, TaskRun
 
 DETACH_WAIT_S = 240.0
@@ -79,6 +86,16 @@ class TerminalSink:
             self.on_broken()
 
 
+WorkersOption = Annotated[str | None, typer.Option(
+    "--workers", help="This run's cluster: the servers plus the first K workers (the others stay idle).")]
+LinkRateOption = Annotated[str | None, typer.Option(
+    "--link-rate", help="Every node's link for this run (100mbit, 1gbit; none: unshaped), restored after it.")]
+CpusOption = Annotated[list[str] | None, typer.Option(
+    "--cpus", help="CPUs each node of this run may use (0.5), or NODE=SHARE (repeatable); restored after it.")]
+EnvOption = Annotated[list[str] | None, typer.Option(
+    "--env", help="NAME=VALUE in every process's environment, and {NAME} in the task's command (repeatable).")]
+
+
 def run(
     task: Annotated[str, typer.Argument(help="A task of tflab.yaml.")],
     grace: Annotated[float, typer.Option(help="Seconds a worker may stay silent after the chief finished before it counts as hung.")] = 30.0,
@@ -89,6 +106,10 @@ def run(
     metrics: Annotated[bool, typer.Option(help="Write each node's CPU, memory, network, GPUs and steps/s for TensorBoard (runs/TASK/cluster/).")] = True,
     fault: Annotated[list[str] | None, typer.Option("--fault", help='A drill: "kill worker1 at step 300 then restart", "pause worker2 at 30s for 15s", "cut ps0 at step 100 for 10s" (repeatable).')] = None,
     expect: Annotated[str | None, typer.Option(help="What the drill should do to the training: survive (exit 0 when it finished despite the faults) or fail.")] = None,
+    workers: WorkersOption = None,
+    link_rate: LinkRateOption = None,
+    cpus: CpusOption = None,
+    env: EnvOption = None,
     via: ViaOption = "docker",
     lab: LabOption = Path("."),
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
@@ -101,48 +122,138 @@ def run(
     lf = open_lab(lab)
     definition = lf.config.task(task)
     check_via(via)
+    knobs = knob_rules.parse(lf.lab, len(lf.config.host.cpus), workers, link_rate, cpus or (), env or ())
     drill = tuple(faults.parse(spec, lf.lab.names) for spec in fault or ())
-    plan = run_plan(lf.lab, definition, grace_s=grace, timeout_s=timeout, restarts=restarts, faults=drill,
-                    expect=faults.check_expectation(expect, drill))
-    if not plan.finishers:
-        raise UserError(f"task {task}: every node only serves ({', '.join(definition.servers)}); "
-                        "nothing would end the run. Make the lab with --chief, or list fewer servers")
-    lock = locks.try_lock(locks.task_lock_path(lf.state_dir, task))
-    if lock is None:
-        raise UserError(task_in_use(lf, task))
-    side = backend(lf)
-    executor = side.executor(lf.lab.names, via)
-    doer = None
-    if drill:
-        doer = fault_cmd.injector(lf, side)
-        for planned in drill:
-            doer.check(planned)
+    request = RunRequest(definition, knobs, grace_s=grace, timeout_s=timeout, restarts=restarts, resume=resume,
+                         metrics=metrics, drill=drill, expect=faults.check_expectation(expect, drill), via=via)
+    prepared = prepare_run(lf, request)
     if detach and not detached_child:
-        lock.close()  # the run's own process takes it
+        prepared.lock.close()  # the run's own process takes it
         _detach(lf, task, [f"--grace={grace}", *([f"--timeout={timeout}"] if timeout else []),
                            f"--restarts={restarts}", *(["--resume"] if resume else []), f"--via={via}",
                            "--metrics" if metrics else "--no-metrics", *(f"--fault={spec}" for spec in fault or ()),
-                           *([f"--expect={expect}"] if expect else [])])
+                           *([f"--expect={expect}"] if expect else []),
+                           *([f"--workers={workers}"] if workers is not None else []),
+                           *([f"--link-rate={link_rate}"] if link_rate is not None else []),
+                           *(f"--cpus={value}" for value in cpus or ()), *(f"--env={value}" for value in env or ())])
         return
     terminal = None if detached_child else console()
+    with stop_signals(lambda reason, force: prepared.interrupt(reason, force)):
+        result, data, session = execute_run(lf, prepared, terminal, detached=detached_child)
+    out = err_console() if session.sink.broken or terminal is None else console()
+    show_verdict(out, lf, data, session.folder)
+    raise typer.Exit(result.finish.exit_code)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run as asked for: the task, its knobs, and the rules its verdict follows."""
+
+    definition: Task
+    knobs: Knobs = Knobs()
+    grace_s: float = 30.0
+    timeout_s: float | None = None
+    restarts: int = 0
+    resume: bool = False
+    metrics: bool = True
+    drill: tuple[faults.Fault, ...] = ()
+    expect: str | None = None
+    via: str = "docker"
+
+
+@dataclass
+class PreparedRun:
+    """A run checked and ready to start: its plan, its task lock, the engine side and what sets its knobs.
+
+    An interrupt that comes before the run started is kept and handed to it when it starts.
+    """
+
+    request: RunRequest
+    plan: RunPlan
+    lock: IO[str]
+    side: LabBackend
+    doer: FaultInjector | None
+    knob_setter: KnobSetter | None
+    session: TaskRun | None = None
+    interrupted: tuple[str, bool] | None = None
+
+    def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
+        if self.session is not None:
+            self.session.interrupt(reason, force)
+        else:
+            self.interrupted = (reason, force)
+
+
+def prepare_run(lf: LabFiles, request: RunRequest) -> PreparedRun:
+    """Check a run against the lab and take its task's lock: a one-line error, and nothing changed, otherwise."""
+    definition = request.definition
+    run_lab = knob_rules.run_lab(lf.lab, request.knobs)
+    plan = run_plan(run_lab, definition, grace_s=request.grace_s, timeout_s=request.timeout_s,
+                    restarts=request.restarts, faults=request.drill, expect=request.expect)
+    if not plan.finishers:
+        raise UserError(f"task {definition.name}: every node only serves ({', '.join(definition.servers)}); "
+                        "nothing would end the run. Make the lab with --chief, or list fewer servers")
+    for planned in request.drill:
+        if planned.node not in run_lab.names:
+            raise UserError(f"--fault {planned.describe()}: {planned.node} is not in this run's cluster "
+                            f"({', '.join(run_lab.names)})")
+    run_knobs.check_lab(lf, request.knobs)
+    side = backend(lf)
+    doer = fault_cmd.injector(lf, side) if request.drill or request.knobs.changes_engine else None
+    setter = KnobSetter(doer) if doer is not None and request.knobs.changes_engine else None
+    if setter is not None:
+        setter.check(request.knobs, definition.name)
+    for planned in request.drill:
+        assert doer is not None
+        doer.check(planned)
+    lock = locks.try_lock(locks.task_lock_path(lf.state_dir, definition.name))
+    if lock is None:
+        raise UserError(task_in_use(lf, definition.name))
+    return PreparedRun(request, plan, lock, side, doer if request.drill else None, setter)
+
+
+def execute_run(lf: LabFiles, prepared: PreparedRun, terminal: Console | None,
+                detached: bool = False) -> tuple[RunResult, dict, TaskRun]:
+    """Run a prepared run to its verdict: its knobs set first and restored after, however it ends."""
+    request = prepared.request
+    definition = request.definition
     sinks: list[TerminalSink] = []
 
     def make_sink(output_log: IO[str]) -> TerminalSink:
         sinks.append(TerminalSink(lf.lab.names, output_log, terminal))
         return sinks[0]
 
-    session = TaskRun(lf, executor, definition, plan, RunOptions(resume=resume, detached=detached_child,
-                                                                 metrics=metrics), make_sink, injector=doer)
-    sink = sinks[0]
-    sink.on_broken = lambda: session.interrupt("the output pipe closed")
-    servers = plan.servers + plan.sidecars
-    sink.event(f"run {task}: servers {', '.join(servers)} first, then {', '.join(plan.finishers)}" if servers
-               else f"run {task}: {', '.join(plan.finishers)} (no servers)")
-    with stop_signals(session.interrupt):
-        result, data = session.execute()
-    out = err_console() if sink.broken or terminal is None else console()
-    show_verdict(out, lf, data, session.folder)
-    raise typer.Exit(result.finish.exit_code)
+    executor = prepared.side.executor(lf.lab.names, request.via)
+    try:
+        session = TaskRun(lf, executor, definition, prepared.plan,
+                          RunOptions(resume=request.resume, detached=detached, metrics=request.metrics,
+                                     knobs=request.knobs), make_sink, injector=prepared.doer)
+        prepared.session = session
+        sink = sinks[0]
+        sink.on_broken = lambda: session.interrupt("the output pipe closed")
+        plan = prepared.plan
+        servers = plan.servers + plan.sidecars
+        sink.event(f"run {definition.name}: servers {', '.join(servers)} first, then {', '.join(plan.finishers)}"
+                   if servers else f"run {definition.name}: {', '.join(plan.finishers)} (no servers)")
+        if request.knobs:
+            sink.event(f"this run's knobs: {request.knobs.describe()}")
+        setter = prepared.knob_setter
+
+        def set_knobs() -> None:
+            if setter is not None:
+                setter.apply(request.knobs, definition.name, list(plan.servers + plan.sidecars + plan.finishers))
+            if prepared.interrupted is not None:
+                session.interrupt(*prepared.interrupted)
+
+        def restore_knobs() -> None:
+            if setter is not None:
+                for said in setter.restore():
+                    sink.event(f"restored: {said}")
+
+        result, data = session.execute(on_start=set_knobs, on_end=restore_knobs)
+        return result, data, session
+    finally:
+        prepared.lock.close()
 
 
 def task_in_use(lf: LabFiles, task: str) -> str:
@@ -158,6 +269,8 @@ def task_in_use(lf: LabFiles, task: str) -> str:
 def show_verdict(out: Console, lf: LabFiles, data: dict, folder: Path) -> None:
     """The summary table, the problem if any, and where the outputs are."""
     out.print(views.run_summary(lf.lab, data["nodes"]))
+    if data.get("knobs"):
+        out.print(f"knobs: {knob_rules.describe(data['knobs'])}", soft_wrap=True)
     if data.get("faults"):
         out.print(views.drill_table(data["faults"]))
     if data.get("problem"):

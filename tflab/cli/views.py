@@ -9,6 +9,7 @@ from rich.text import Text
 
 from tflab.engine.backend import NodeState
 from tflab.plan import machines
+from tflab.plan.knobs import describe as knobs_text
 from tflab.plan.gpus import Gpu
 from tflab.plan.links import Links
 from tflab.plan.machines import HostFacts, Machine
@@ -186,7 +187,9 @@ def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
     from tflab.run import history
 
     table = Table()
-    for column in ("run", "started", "duration", "verdict", "result", "steps/s", "limit"):
+    with_knobs = any(data.get("knobs") for _, data in found)  # a column only where a run had some
+    for column in ("run", "started", "duration", *(["knobs"] if with_knobs else []), "verdict", "result", "steps/s",
+                   "limit"):
         table.add_column(column)
     for folder, data in found:
         state = data.get("state")
@@ -203,6 +206,7 @@ def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
             getattr(folder, "name", str(folder)),
             history.stamp(started) if started else "-",
             _seconds(duration),
+            *([knobs_text(data.get("knobs")) or "-"] if with_knobs else []),
             Text(verdict, style=VERDICT_COLOURS.get(verdict, "yellow")),
             (data.get("result") or "-")[:70],
             f"{rate:.1f}" if rate else "-",

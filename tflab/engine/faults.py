@@ -30,6 +30,7 @@ from tflab.plan import links
 from tflab.plan.faults import NEEDS_NET_ADMIN, Fault
 
 FAULT_SH = "/usr/local/share/tflab/fault.sh"
+SHAPE_SH = "/usr/local/share/tflab/shape.sh"
 DOWNED_FILE = "faults-downed.json"
 REVIVE_TIMEOUT_S = 120.0
 
@@ -97,12 +98,12 @@ class FaultInjector:
                 container.pause()
                 return f"paused {node} (frozen: the cgroup freezer)"
             if fault.action == "cpu":
-                container.update(cpu_period=CPU_PERIOD, cpu_quota=int(fault.share * CPU_PERIOD))
+                self.set_cpu(node, fault.share or 0.0)
                 return f"{node} now has {fault.share:g} CPU"
         except docker.errors.APIError as exc:
             raise EngineError(f"{fault.describe()} failed: {exc.explanation or exc}") from exc
         if fault.action == "slow":
-            self._fault_sh(node, "slow", fault.rate or "", str(links.burst_bytes(fault.rate or "")))
+            self.slow(node, fault.rate or "")
             return f"{node}'s link now sends at {fault.rate}"
         if fault.action == "cut":
             peers = list(fault.peers) or [n for n in self.lf.lab.names if n != node]
@@ -123,10 +124,10 @@ class FaultInjector:
                 container.unpause()
             return f"unpaused {node}"
         if fault.action == "cpu":
-            self._restore_cpu(node, container)
+            self.restore_cpu(node)
             return f"{node} has its own CPU again"
         if fault.action == "slow":
-            self._fault_sh(node, "unslow")
+            self.unslow(node)
             return f"{node}'s link is back to {self.lf.config.links.describe()}"
         if fault.action == "cut":
             self._fault_sh(node, "uncut")
@@ -151,9 +152,34 @@ class FaultInjector:
         if not wait_for_ssh(*self.ssh_target(node), time.monotonic() + REVIVE_TIMEOUT_S):
             raise EngineError(f"{node} did not answer within {REVIVE_TIMEOUT_S:.0f}s after it was started again")
 
-    def _restore_cpu(self, node: str, container: Container) -> None:
+    # -- links and CPU (faults, and a run's knobs) -------------------------------------------------
+
+    def set_cpu(self, node: str, share: float) -> None:
+        """Give `node` `share` CPUs' worth of time (a CFS quota: cgroup v1's cfs_quota_us, v2's cpu.max)."""
+        try:
+            self.container(node).update(cpu_period=CPU_PERIOD, cpu_quota=int(share * CPU_PERIOD))
+        except docker.errors.APIError as exc:
+            raise EngineError(f"giving {node} {share:g} CPU failed: {exc.explanation or exc}") from exc
+
+    def restore_cpu(self, node: str) -> None:
+        """`node`'s own CPU quota back, as the lab's plan says (none where it owns a cpuset or shares the host's)."""
         quota = self.lf.lab.node(node).machine.quota
-        container.update(cpu_period=CPU_PERIOD, cpu_quota=int(quota * CPU_PERIOD) if quota else -1)
+        try:
+            self.container(node).update(cpu_period=CPU_PERIOD, cpu_quota=int(quota * CPU_PERIOD) if quota else -1)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"restoring {node}'s CPU quota failed: {exc.explanation or exc}") from exc
+
+    def slow(self, node: str, rate: str) -> None:
+        """`node`'s link sends and receives at `rate` (tc, in the node; needs NET_ADMIN)."""
+        self._fault_sh(node, "slow", rate, str(links.burst_bytes(rate)))
+
+    def unslow(self, node: str) -> None:
+        """`node`'s link back to the lab's own (shaped as the lab was made, or unshaped)."""
+        self._fault_sh(node, "unslow")
+
+    def present(self) -> list[str]:
+        """The lab's nodes this host's engine has."""
+        return [n for n in self.lf.lab.names if n in lab_containers(self.client, self.lf.project)]
 
     # -- healing everything ---------------------------------------------------------------------
 
@@ -173,7 +199,7 @@ class FaultInjector:
             if container.status not in ("running", "paused"):
                 return done  # stopped by hand, not by tflab: `tflab up` starts it
             if self._cpu_changed(node, container):
-                self._restore_cpu(node, container)
+                self.restore_cpu(node)
                 done.append(f"{node}'s CPU quota restored")
             if self.lf.config.net_admin:
                 changed = self.changes(node)
@@ -181,7 +207,7 @@ class FaultInjector:
                     self._fault_sh(node, "uncut")
                     done.append(f"{node}'s traffic no longer dropped")
                 if any(line.startswith("qdisc") for line in changed):
-                    self._fault_sh(node, "unslow")
+                    self.unslow(node)
                     done.append(f"{node}'s link back to {self.lf.config.links.describe()}")
             return done
 

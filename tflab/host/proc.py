@@ -189,3 +189,22 @@ def interactive(argv: Sequence[Any]) -> int:
         return subprocess.call(words)
     except FileNotFoundError as exc:
         raise _not_installed(words, exc) from exc
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of process `pid` (ticks since boot), or None when there is none.
+
+    A pid and its start time name one process: a pid alone may have been given to another since.
+    """
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int | None, started: str | None = None) -> bool:
+    """Whether process `pid` (started at `started`, when known) still exists on this host."""
+    if not pid:
+        return False
+    now = process_start(int(pid))
+    return now is not None and (started is None or now == started)

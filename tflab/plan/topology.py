@@ -211,26 +211,34 @@ def cluster_spec(planned: Sequence[tuple[str, int]]) -> dict[str, list[str]]:
     return cluster
 
 
+def cluster_env(job: str, task_index: int, cluster: dict[str, list[str]]) -> dict[str, str]:
+    """The variables that say the cluster: TF_CONFIG, the ps and worker host lists, the chief's host."""
+    env = {
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": task_index}}),
+        "TFLAB_PS_HOSTS": ",".join(cluster.get("ps", [])),
+        "TFLAB_WORKER_HOSTS": ",".join(cluster.get("worker", [])),
+    }
+    if "chief" in cluster:
+        env["TFLAB_CHIEF_HOST"] = cluster["chief"][0]
+    return env
+
+
 def node_env(
     job: str, task_index: int, cluster: dict[str, list[str]], gpus: int, fraction: float | None,
     memory_mib: int | None, machine: Machine = Machine(), host_cpus: int = 0,
 ) -> dict[str, str]:
     """The environment every node sees (DESIGN.md): TF_CONFIG and the TFLAB_* variables."""
     env = {
-        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": task_index}}),
+        **cluster_env(job, task_index, cluster),
         "TFLAB_NODE": node_name(job, task_index),
         "TFLAB_JOB_NAME": job,
         "TFLAB_TASK_INDEX": str(task_index),
-        "TFLAB_PS_HOSTS": ",".join(cluster.get("ps", [])),
-        "TFLAB_WORKER_HOSTS": ",".join(cluster.get("worker", [])),
         "TFLAB_NUM_GPUS": str(gpus),
         "PYTHONUNBUFFERED": "1",
         # TensorFlow's C++ INFO and WARNING lines drown the training output; errors stay
         # (a task may set TF_CPP_MIN_LOG_LEVEL=0 to see them all).
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
-    if "chief" in cluster:
-        env["TFLAB_CHIEF_HOST"] = cluster["chief"][0]
     if machine.cpus is not None or host_cpus:
         cpus = machine.num_cpus(host_cpus)
         env["TFLAB_NUM_CPUS"] = str(cpus)

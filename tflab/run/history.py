@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tflab.errors import UserError
+from tflab.host.proc import pid_alive, process_start  # noqa: F401  (re-exported: run.json says whose run it is)
 from tflab.run.machine import RunMachine
 
 RUN_FILE = "run.json"
@@ -22,25 +23,6 @@ RECENT_S = 10.0  # the window of a running node's current steps/s
 def stamp(epoch: float) -> str:
     """A wall-clock time as people read it in a table (local time, seconds)."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
-
-
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of process `pid` (ticks since boot), or None when there is none.
-
-    A pid and its start time name one process: a pid alone may have been given to another since.
-    """
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int | None, started: str | None = None) -> bool:
-    """Whether process `pid` (started at `started`, when known) still exists on this host."""
-    if not pid:
-        return False
-    now = process_start(int(pid))
-    return now is not None and (started is None or now == started)
 
 
 def node_rows(machine: RunMachine) -> dict[str, dict[str, Any]]:
@@ -70,6 +52,7 @@ class RunRecord:
     task: str
     detached: bool
     started: float  # wall clock
+    knobs: dict[str, Any] | None = None  # what the run changed of the lab's design (plan.knobs)
 
     def write(self, state: str, machine: RunMachine, result: str | None = None,
               first_step_s: float | None = None, note: str | None = None,
@@ -96,6 +79,7 @@ class RunRecord:
             "first_step_s": None if first_step_s is None else round(first_step_s, 2),
             "note": note,
             "limit": limit,  # what limited the run (bottleneck.Limit), once it finished
+            "knobs": self.knobs,
             "faults": machine.drills.rows(machine.began),
             "nodes": node_rows(machine),
         }
@@ -118,7 +102,7 @@ RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "task": str, "state": str, "pid": int, "pid_start": str, "host": str, "detached": bool, "node": str,
     "id": str, "started": NUMBER, "ended": NUMBER, "duration_s": NUMBER, "verdict": str, "exit_code": int,
     "problem": str, "result": str, "steps_per_s": NUMBER, "first_step_s": NUMBER, "note": str,
-    "faults": list, "nodes": dict, "limit": dict,
+    "faults": list, "nodes": dict, "limit": dict, "knobs": dict,
 }
 
 

@@ -85,6 +85,11 @@ class RunSetup:
     stop_grace_s: float = guardcmd.STOP_GRACE_S
     report_every_s: float = 10.0
     progress: str | None = None  # the task's own progress pattern (tflab.yaml `progress:`)
+    node_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per node, what the run's knobs set
+
+    def env_for(self, node: str) -> dict[str, str]:
+        """The environment `node`'s process gets besides the node's own."""
+        return {**self.env, **self.node_env.get(node, {})}
 
 
 @dataclass
@@ -233,7 +238,7 @@ class Launcher:
                 self.events.put(Exited(name, code, self.clock(), reason))
 
         try:
-            self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env)
+            self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env_for(name))
         except TflabError as exc:
             self.events.put(Exited(name, None, self.clock(), str(exc)))
             return

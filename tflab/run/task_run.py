@@ -16,8 +16,10 @@ from typing import IO, Any
 
 from tflab.engine.executors import Executor
 from tflab.host.labfiles import LabFiles
+from tflab.plan import knobs as knob_rules
 from tflab.plan import links, tasks
 from tflab.plan.config import Task
+from tflab.plan.knobs import Knobs
 from tflab.run import history
 from tflab.run.cluster import ClusterWatch
 from tflab.run.launcher import Injector, Launcher, RunResult, RunSetup, Sink
@@ -31,6 +33,7 @@ class RunOptions:
     resume: bool = False
     detached: bool = False
     metrics: bool = True  # the cluster's figures, written for TensorBoard
+    knobs: Knobs = Knobs()  # what this run changes of the lab's design
 
 
 class TaskRun:
@@ -42,28 +45,41 @@ class TaskRun:
         self.options = options
         self.folder = history.fresh_run_dir(lf.runs_dir, definition.name, options.resume)
         self.record = history.RunRecord(self.folder, definition.name, options.detached, time.time())
+        self.record.knobs = options.knobs.as_dict() if options.knobs else None
         self.output_log = (self.folder / history.OUTPUT_FILE).open("a")
         self.sink = make_sink(self.output_log)
+        knobs = options.knobs
+        lab = knob_rules.run_lab(lf.lab, knobs)
+        commands = {name: knob_rules.fill_env(line, knobs.env)
+                    for name, line in tasks.commands(lab, definition).items()}
         self.launcher = Launcher(
             executor, plan,
-            RunSetup(definition.name, tasks.commands(lf.lab, definition), tasks.task_env(definition.name),
+            RunSetup(definition.name, commands, tasks.task_env(definition.name),
                      self.folder / history.LOG_DIR, preload=definition.preload, warm=lf.warm,
-                     progress=definition.progress),
+                     progress=definition.progress, node_env=knob_rules.env_changes(lf.lab, lab, knobs)),
             self.sink, on_state=lambda state, machine: self.record.write(state, machine), injector=injector,
         )
         host_cpus = len(lf.config.host.cpus) or 1
-        rate = lf.config.links.rate
-        self.watch = (ClusterWatch(executor, lf.lab, self.folder, self.launcher.machine, host_cpus,
-                                   link_mbit=links.rate_bits(rate) / 1e6 if rate else None)
+        rate = lf.config.links.rate if knobs.link_rate is None else knobs.link_rate
+        shaped = rate is not None and rate != knob_rules.UNSHAPED
+        self.watch = (ClusterWatch(executor, lab, self.folder, self.launcher.machine, host_cpus,
+                                   link_mbit=links.rate_bits(rate) / 1e6 if shaped else None)
                       if options.metrics else None)
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
         """Stop the run (safe in a signal handler)."""
         self.launcher.interrupt(reason, force)
 
-    def execute(self) -> tuple[RunResult, dict[str, Any]]:
-        """Run to the verdict; (the result, run.json as written at the end)."""
+    def execute(self, on_start: Callable[[], None] | None = None,
+                on_end: Callable[[], None] | None = None) -> tuple[RunResult, dict[str, Any]]:
+        """Run to the verdict; (the result, run.json as written at the end).
+
+        `on_start` is called before anything starts (a run's knobs set), `on_end` after everything
+        stopped however it ended (the knobs restored); both may still tell the run's output.
+        """
         try:
+            if on_start is not None:
+                on_start()
             if self.watch is not None:
                 self.watch.start()
             try:
@@ -74,7 +90,11 @@ class TaskRun:
                                      limit=limit.as_dict() if limit is not None else None)
             return result, data
         finally:
-            self.output_log.close()
+            try:
+                if on_end is not None:
+                    on_end()
+            finally:
+                self.output_log.close()
 
     @property
     def cluster_dir(self) -> Path | None:
