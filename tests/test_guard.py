@@ -360,3 +360,20 @@ def test_a_failing_program_in_the_warm_interpreter_shows_its_own_traceback(guard
     assert lines[1].startswith(f'  File "{program}", line 6'), "the program's own frames, none of the guard's"
     assert "guard.pyz" not in out and "runpy" not in out
     assert lines[-1] == "ValueError: bad input"
+
+
+def test_a_nodes_traffic_is_counted_once_on_a_shaped_link(tmp_path: Path) -> None:
+    """shape.sh's ifb device carries what eth0 received again: it is not the node's traffic twice."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "images" / "node"))
+    try:
+        from tflab_guard import metrics
+    finally:
+        sys.path.pop(0)
+    dev = tmp_path / "dev"
+    dev.write_text(
+        "Inter-|   Receive                                                |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+        "    lo:    5000      10    0    0    0     0          0         0     5000      10    0    0    0     0       0          0\n"
+        "  eth0: 1000000    900    0    0    0     0          0         0  2000000    800    0    0    0     0       0          0\n"
+        "  tfi0:  990000    880    0    0    0     0          0         0   990000    880    0    0    0     0       0          0\n")
+    assert metrics.net_sample(str(dev)) == (1000000, 2000000)

@@ -85,7 +85,11 @@ def cgroup_sample():
 
 
 def net_sample(path="/proc/net/dev"):
-    """Bytes received and sent on the node's network interfaces (all but loopback)."""
+    """Bytes received and sent on the node's network interfaces (all but loopback and tflab's own ifb devices).
+
+    The ifb devices (`tfiN`, shape.sh's) carry what eth0 received once more, redirected through
+    the shaping: counted too, every received byte would count twice, and once more as sent.
+    """
     rx = tx = 0
     try:
         with open(path) as handle:
@@ -94,7 +98,8 @@ def net_sample(path="/proc/net/dev"):
         return None, None
     for line in lines:
         name, _, counters = line.partition(":")
-        if name.strip() == "lo":
+        name = name.strip()
+        if name == "lo" or name.startswith("tfi"):
             continue
         values = counters.split()
         if len(values) >= 9:
