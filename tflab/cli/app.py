@@ -17,6 +17,7 @@ from tflab.cli import gen as gen_cmd
 from tflab.cli import lifecycle as lifecycle_cmd
 from tflab.cli import manifests as manifests_cmd
 from tflab.cli import runs as runs_cmd
+from tflab.cli import sweep as sweep_cmd
 from tflab.cli import shell as shell_cmd
 from tflab.cli import tools as tools_cmd
 from tflab.cli import top as top_cmd
@@ -193,6 +194,8 @@ app.command("run")(runs_cmd.run)
 app.command("runs")(runs_cmd.runs)
 app.command("attach")(runs_cmd.attach)
 app.command("stop")(runs_cmd.stop)
+app.command("sweep")(sweep_cmd.sweep_cmd)
+app.command("sweeps")(sweep_cmd.sweeps)
 app.command("top")(top_cmd.top)
 app.command("tensorboard")(tools_cmd.tensorboard)
 app.command("doctor")(tools_cmd.doctor)

@@ -16,7 +16,7 @@ from tflab.engine.faults import SHAPE_SH, FaultInjector
 from tflab.errors import EngineError, UserError
 from tflab.host.fanout import parallel
 from tflab.host.proc import pid_alive, process_start
-from tflab.plan.knobs import UNSHAPED, Knobs
+from tflab.plan.knobs import UNSHAPED, Knobs, check_design
 
 KNOBS_FILE = "run-knobs.json"
 
@@ -91,10 +91,7 @@ class KnobSetter:
 
 def check_lab(lf: Any, knobs: Knobs) -> None:
     """A one-line error where the lab's design cannot take these knobs (asked before the engine is)."""
-    if knobs.link_rate is not None and not lf.config.net_admin:
-        raise UserError(f"--link-rate {knobs.link_rate} shapes the nodes' links, which needs the NET_ADMIN "
-                        "capability: make the lab with `tflab gen --link-rate RATE` (or `--faults`), then "
-                        "`tflab up`")
+    check_design(knobs, lf.config.net_admin)
 
 
 def _what(note: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ PUBLIC_KEY = "id_ed25519.pub"
 CODE_DIR = "code"
 DATA_DIR = "data"
 DEFAULT_RUNS = "runs"
+BATCH_KNOB = re.compile(r"^\{[A-Za-z_][A-Za-z0-9_]*\}$")
 PLACEHOLDERS = ("node", "job_name", "task_index", "ps_hosts", "worker_hosts", "num_gpus", "run_dir")
 ROLES = ("ps", "worker", "chief", "evaluator")
 DEFAULT_SERVERS = ("ps",)
@@ -217,6 +218,9 @@ class Task:
     # How the program says its step, where tflab's own reading does not know its lines (a regex
     # with a named group `step` or `rate`).
     progress: str | None = None
+    # Examples one step of the cluster's steps/s consumes (its global batch), so runs and sweeps
+    # can say examples/s: a number, or `{NAME}` for a run's `--env NAME=...` knob.
+    batch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,7 @@ IMAGE_KEYS = ("base", "tensorflow", "shm_size", "memlock")
 PACKAGE_KEYS = ("pip", "apt")
 LINK_KEYS = ("rate", "delay_ms")
 SWARM_KEYS = ("place", "registry")
-TASK_KEYS = ("command", "servers", "preload", "progress")
+TASK_KEYS = ("command", "servers", "preload", "progress", "batch")
 
 
 def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
@@ -393,7 +397,14 @@ def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
                 progress.check_pattern(pattern)
             except ValueError as exc:
                 raise read.fail(f"{where}.progress", str(exc)) from None
-        tasks[name] = Task(name, command, tuple(servers), preload, pattern)
+        batch = spec.get("batch")
+        if batch is not None:
+            if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0
+                                               or isinstance(batch, str) and BATCH_KNOB.match(batch)):
+                raise read.fail(f"{where}.batch", f"must be a whole number of examples or {{NAME}} (a --env knob), "
+                                                  f"not {_shown(batch)}")
+            batch = str(batch)
+        tasks[name] = Task(name, command, tuple(servers), preload, pattern, batch)
     return tasks
 
 
@@ -401,7 +412,7 @@ def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
     """Tasks back into their tflab.yaml form (the short form when it says everything)."""
     out: dict[str, Any] = {}
     for name, task in tasks.items():
-        if task.servers == DEFAULT_SERVERS and task.preload and task.progress is None:
+        if task.servers == DEFAULT_SERVERS and task.preload and task.progress is None and task.batch is None:
             out[name] = task.command
         else:
             spec: dict[str, Any] = {"command": task.command}
@@ -411,6 +422,8 @@ def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
                 spec["preload"] = False
             if task.progress is not None:
                 spec["progress"] = task.progress
+            if task.batch is not None:
+                spec["batch"] = int(task.batch) if task.batch.isdigit() else task.batch
             out[name] = spec
     return out
 

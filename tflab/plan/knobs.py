@@ -165,6 +165,14 @@ def parse(lab: Lab, host_cpus: int, workers: int | str | None = None, link_rate:
                  cpus=parse_cpus(cpus, lab, host_cpus), env=parse_env(env))
 
 
+def check_design(knobs: Knobs, net_admin: bool) -> None:
+    """A one-line error where the lab's design cannot take these knobs (its nodes lack NET_ADMIN)."""
+    if knobs.link_rate is not None and not net_admin:
+        raise UserError(f"--link-rate {knobs.link_rate} shapes the nodes' links, which needs the NET_ADMIN "
+                        "capability: make the lab with `tflab gen --link-rate RATE` (or `--faults`), then "
+                        "`tflab up`")
+
+
 def run_lab(lab: Lab, knobs: Knobs) -> Lab:
     """The lab one run sees: its cluster cut to the knobs' workers, each node's CPUs as the knobs set them.
 

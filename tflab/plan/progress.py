@@ -187,6 +187,32 @@ def rate(samples: Sequence[tuple[float, int]], window_s: float | None = None) ->
     return (s1 - s0) / (t1 - t0)
 
 
+def steady_rate(samples: Sequence[tuple[float, int]], skip: float = 0.2) -> float | None:
+    """Steps per second once training settled: the median of the rates over the steps after the first `skip`.
+
+    The kept span is cut in (up to) five equal stretches of steps, each one's rate taken; their
+    median is robust to a program that prints its steps in bursts and to one slow stretch.
+    """
+    if len(samples) < 3:
+        return rate(samples)
+    first, last = samples[0][1], samples[-1][1]
+    kept = [s for s in samples if s[1] >= first + (last - first) * skip]
+    if len(kept) < 2:
+        return rate(samples)
+    pieces = min(5, len(kept) - 1)
+    bounds = [round(j * (len(kept) - 1) / pieces) for j in range(pieces + 1)]
+    rates = []
+    for start, end in zip(bounds, bounds[1:]):
+        (t0, s0), (t1, s1) = kept[start], kept[end]
+        if t1 > t0 and s1 >= s0:
+            rates.append((s1 - s0) / (t1 - t0))
+    if not rates:
+        return rate(kept)
+    rates.sort()
+    middle = len(rates) // 2
+    return rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
+
+
 class LineSplitter:
     """Bytes in, whole decoded lines out (the last partial line is kept until more comes).
 

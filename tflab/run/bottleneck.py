@@ -83,6 +83,17 @@ class Series:
                 self.tx_mbit.setdefault(figures.node, []).append(figures.tx_mbit)
 
 
+    def means(self) -> dict[str, dict[str, float | None]]:
+        """Each node's mean CPU (a share of what it owns), and Mbit/s sent and received, over the training."""
+        nodes = set(self.cpu_share) | set(self.tx_mbit) | set(self.rx_mbit)
+
+        def mean(values: Sequence[float] | None, digits: int) -> float | None:
+            return round(_mean(values), digits) if values else None
+
+        return {node: {"cpu": mean(self.cpu_share.get(node), 3), "tx_mbit": mean(self.tx_mbit.get(node), 2),
+                       "rx_mbit": mean(self.rx_mbit.get(node), 2)} for node in sorted(nodes)}
+
+
 @dataclass(frozen=True)
 class Shape:
     """What the lab's design says of its nodes: who serves, who trains, the CPUs each owns, its link."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tflab.errors import UserError
+from tflab.plan import progress
 from tflab.host.proc import pid_alive, process_start  # noqa: F401  (re-exported: run.json says whose run it is)
 from tflab.run.machine import RunMachine
 
@@ -56,10 +57,12 @@ class RunRecord:
 
     def write(self, state: str, machine: RunMachine, result: str | None = None,
               first_step_s: float | None = None, note: str | None = None,
-              limit: dict[str, str] | None = None) -> dict[str, Any]:
+              limit: dict[str, str] | None = None,
+              cluster: dict[str, dict[str, float | None]] | None = None) -> dict[str, Any]:
         finish = machine.finish if state == "finished" else None
         chief = machine.nodes.get(machine.plan.chief)
         rate = chief.rate() if chief is not None else None
+        steady = progress.steady_rate(chief.steps) if chief is not None and finish else None
         now = time.time()
         data = {
             "task": self.task,
@@ -76,10 +79,13 @@ class RunRecord:
             "problem": finish.problem if finish else None,
             "result": result,
             "steps_per_s": None if rate is None else round(rate, 2),
+            # after the first 20% of the steps (progress.steady_rate): what a sweep compares
+            "steady_steps_per_s": None if steady is None else round(steady, 3),
             "first_step_s": None if first_step_s is None else round(first_step_s, 2),
             "note": note,
             "limit": limit,  # what limited the run (bottleneck.Limit), once it finished
             "knobs": self.knobs,
+            "cluster": cluster,  # each node's mean CPU (of its share) and Mbit/s over the training
             "faults": machine.drills.rows(machine.began),
             "nodes": node_rows(machine),
         }
@@ -102,7 +108,7 @@ RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "task": str, "state": str, "pid": int, "pid_start": str, "host": str, "detached": bool, "node": str,
     "id": str, "started": NUMBER, "ended": NUMBER, "duration_s": NUMBER, "verdict": str, "exit_code": int,
     "problem": str, "result": str, "steps_per_s": NUMBER, "first_step_s": NUMBER, "note": str,
-    "faults": list, "nodes": dict, "limit": dict, "knobs": dict,
+    "faults": list, "nodes": dict, "limit": dict, "knobs": dict, "cluster": dict, "steady_steps_per_s": NUMBER,
 }
 
 

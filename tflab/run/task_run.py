@@ -87,7 +87,8 @@ class TaskRun:
             finally:
                 limit = self.watch.stop() if self.watch is not None else None
             data = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
-                                     limit=limit.as_dict() if limit is not None else None)
+                                     limit=limit.as_dict() if limit is not None else None,
+                                     cluster=self.watch.series.means() if self.watch is not None else None)
             return result, data
         finally:
             try:

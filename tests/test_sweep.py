@@ -1,0 +1,125 @@
+"""Sweeps without an engine: the grid, its checks, its rows and files, resume's missing points, the cost model."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+from tflab.errors import UserError
+from tflab.plan.config import LabConfig, Task
+from tflab.plan.machines import HostFacts
+from tflab.plan.topology import Topology, plan
+from tflab.run import costmodel, sweep, sweep_report
+
+LAB = plan(Topology(nodes=4), [], HostFacts(cpus=(0, 1, 2, 3), memory_mib=8192))
+CONFIG = LabConfig(name="t", topology=LAB.topology, host=HostFacts(cpus=(0, 1, 2, 3), memory_mib=8192),
+                   tasks={"train": Task("train", "python t.py --batch={BATCH}", batch="{BATCH}"),
+                          "other": Task("other", "python o.py")})
+
+
+def spec_of(*vary: str, repeats: int = 1, task: str | None = "train", predict: tuple[str, ...] = ()) -> sweep.SweepSpec:
+    axes = sweep.parse_vary(vary)
+    return sweep.SweepSpec("s1", task, axes, repeats, sweep.parse_predict(predict, axes))
+
+
+def test_the_grid_is_every_combination_in_order_with_its_repeats() -> None:
+    spec = spec_of("workers=1,2", "link-rate=100mbit,none", repeats=2)
+    points = spec.points()
+    assert len(points) == 8
+    assert [(p.values["workers"], p.values["link-rate"], p.repeat) for p in points[:3]] == [
+        ("1", "100mbit", 1), ("1", "100mbit", 2), ("1", "none", 1)]
+    assert points[0].key == "p001" and points[-1].key == "p008"
+    knobs = sweep.point_knobs(points[2], LAB, 4)
+    assert knobs.workers == 1 and knobs.link_rate == "none"
+    assert sweep.SweepSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
+
+
+@pytest.mark.parametrize(("vary", "said"), [
+    (["workers"], "is not AXIS=V1,V2"), (["speed=1,2"], "'speed' is not an axis"),
+    (["workers=1,,2"], "is not AXIS=V1,V2"), (["workers=1,2", "workers=3"], "given twice"),
+    (["workers=1,1"], "lists a value twice"), (["env.1X=3"], "is not an axis"),
+])
+def test_a_bad_axis_is_one_sentence(vary: list[str], said: str) -> None:
+    with pytest.raises(UserError, match=said):
+        sweep.parse_vary(vary)
+
+
+def test_every_point_is_checked_against_the_lab_before_anything_runs() -> None:
+    with pytest.raises(UserError, match=r"point workers=9\): --workers 9: this lab has 3 workers"):
+        sweep.check(spec_of("workers=1,9"), CONFIG, LAB)
+    with pytest.raises(UserError, match="no task"):
+        sweep.check(spec_of("task=train,nope", task=None), CONFIG, LAB)
+    with pytest.raises(UserError, match="give the task once"):
+        sweep.check(spec_of("task=train,other"), CONFIG, LAB)
+    with pytest.raises(UserError, match="--predict needs a sweep that varies workers"):
+        spec_of("cpus=0.5,1", predict=("workers=8",))
+    sweep.check(spec_of("workers=1,3", "cpus=0.5,1", "env.BATCH=32,64"), CONFIG, LAB)
+
+
+def fake_run(steps_per_s: float, verdict: str = "ok") -> dict:
+    return {"verdict": verdict, "steady_steps_per_s": steps_per_s, "steps_per_s": steps_per_s * 0.9,
+            "first_step_s": 4.2, "limit": {"kind": "link", "evidence": "ps0 sent 95 Mbit/s of its 100mbit link"},
+            "cluster": {"ps0": {"cpu": 0.5, "tx_mbit": 95.0, "rx_mbit": 40.0}}}
+
+
+def test_rows_files_resume_and_report(tmp_path: Path) -> None:
+    spec = spec_of("workers=1,2,3", "env.BATCH=32,64", predict=("workers=8",))
+    nodes = LAB.names
+    rows = []
+    for point in spec.points()[:4]:
+        knobs = sweep.point_knobs(point, LAB, 4)
+        rate = 10.0 * int(point.values["workers"])
+        rows.append(sweep.row(spec, point, fake_run(rate), f"runs/{point.key}", sweep.batch_of("{BATCH}", knobs), nodes))
+    sweep.save_spec(tmp_path, spec)
+    sweep.save_rows(tmp_path, spec, rows, nodes)
+    assert [p.key for p in sweep.missing(spec, sweep.load_rows(tmp_path))] == ["p005", "p006"]
+    with (tmp_path / sweep.RESULTS_CSV).open() as handle:
+        read = list(csv.DictReader(handle))
+    assert read[1]["workers"] == "1" and read[1]["env.BATCH"] == "64" and read[1]["examples_per_s"] == "640.0"
+    assert read[0]["limit"].startswith("link: ") and read[0]["ps0.tx_mbit"] == "95.0" and read[0]["worker2.cpu"] == ""
+    assert set(sweep.COLUMNS) <= set(read[0])
+    found = sweep_report.write_all(tmp_path, spec, rows, costmodel.PS, "100mbit", sweep.missing(spec, rows))
+    assert [p.name for p in found["plots"]] == ["examples-by-workers.png", "examples-by-env.BATCH.png"]
+    assert found["plots"][0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (tmp_path / "report.md").read_text()
+    assert "| 2 | 32 | 1 | ok | 20 | 640 | 4.2 | link |" in report
+    assert "![examples-by-workers](examples-by-workers.png)" in report and "2 missing" in report
+
+
+def test_the_cost_model_recovers_a_cluster_that_follows_it() -> None:
+    # parameter servers: c = 0.1 s, k = 0.02 s: N / (0.1 + 0.02 N)
+    samples = [(n, n / (0.1 + 0.02 * n)) for n in (1, 2, 3, 4)]
+    fitted = costmodel.fit(costmodel.PS, samples)
+    assert fitted is not None and fitted.c == pytest.approx(0.1) and fitted.k == pytest.approx(0.02)
+    assert fitted.error == pytest.approx(0.0, abs=1e-9)
+    assert fitted.predict(8) == pytest.approx(8 / 0.26)
+    # ring all-reduce: 1 / (0.2 + 0.05 * 2(N-1)/N), measured with 5% noise on one point
+    ring = [(n, 1 / (0.2 + 0.05 * 2 * (n - 1) / n)) for n in (1, 2, 3)]
+    ring[1] = (2, ring[1][1] * 1.05)
+    fitted = costmodel.fit(costmodel.ALLREDUCE, ring)
+    assert fitted is not None and 0 < fitted.error < 0.2 and set(fitted.errors) == {1, 2, 3}
+    assert costmodel.fit(costmodel.PS, [(2, 5.0), (2, 6.0)]) is None  # one worker count: nothing to fit
+
+
+def test_sweep_refuses_bad_input_before_the_engine(runner, tmp_path: Path, monkeypatch) -> None:
+    from tflab.engine import daemon
+
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
+    lab = tmp_path / "lab"
+    assert runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "3"]).exit_code == 0
+    monkeypatch.setattr(daemon, "client", lambda: (_ for _ in ()).throw(AssertionError("the engine was asked")))
+    for args, said in ((["train", "--vary", "workers=1,5"], "--workers 5"),
+                       (["train", "--vary", "link-rate=10mbit"], "NET_ADMIN"),
+                       (["train"], "a sweep varies something"), (["--resume", "nope"], "no sweep 'nope'"),
+                       (["train", "--vary", "workers=1,2", "--name", "a/b"], "is not a word"),
+                       (["train", "--vary", "workers=1,2", "--repeats", "0"], "--repeats 0")):
+        result = runner.invoke(cli, ["sweep", *args, "--lab", str(lab)])
+        assert result.exit_code != 0 and said in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith("tflab: error: ") and "Traceback" not in result.stderr
+    assert not (lab / "runs" / "sweeps").exists()
+    listed = runner.invoke(cli, ["sweeps", "--lab", str(lab)])
+    assert listed.exit_code == 0 and "no sweeps yet" in listed.stdout

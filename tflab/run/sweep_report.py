@@ -1,0 +1,204 @@
+"""What a sweep found, to look at: PNG plots, report.md, TensorBoard HParams records, and predictions.
+
+The plots put throughput (examples/s where known, else steps/s) against each numeric axis, a
+line per combination of the other axes, each point the mean over repeats with its spread (the
+lowest and highest repeat) as an error bar. The HParams records (one session per point, written
+with tensorboardX: no TensorFlow on the host) make `tflab tensorboard` show the sweep in
+TensorBoard's HParams dashboard. The predictions come from `costmodel`, fitted over workers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tflab.plan.knobs import UNSHAPED
+from tflab.run import costmodel
+from tflab.run.sweep import Point, SweepSpec, numeric
+
+log = logging.getLogger("tflab.sweep")
+REPORT = "report.md"
+HPARAMS_DIR = "hparams"
+UNITS = {"workers": "workers", "link-rate": "link rate (Mbit/s)", "cpus": "CPUs per node"}
+
+
+def throughput(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """(column, label) the plots and the model use: examples/s where every finished row has it, else steps/s."""
+    done = [r for r in rows if r.get("steps_per_s")]
+    if done and all(r.get("examples_per_s") for r in done):
+        return "examples_per_s", "examples/s"
+    return "steps_per_s", "steps/s"
+
+
+def numeric_axes(spec: SweepSpec) -> list[str]:
+    return [a.name for a in spec.axes if all(numeric(a.name, v) is not None for v in a.values) and len(a.values) > 1]
+
+
+def plot(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]]) -> list[Path]:
+    """One PNG per numeric axis: throughput against it, a line per combination of the other axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    column, label = throughput(rows)
+    made = []
+    for axis in numeric_axes(spec):
+        others = [a.name for a in spec.axes if a.name != axis]
+        lines: dict[tuple[str, ...], dict[float, list[float]]] = {}
+        for r in rows:
+            value = r.get(column)
+            x = numeric(axis, str(r.get(axis)))
+            if value is None or x is None:
+                continue
+            lines.setdefault(tuple(str(r.get(o)) for o in others), {}).setdefault(x, []).append(float(value))
+        if not lines:
+            continue
+        figure, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+        for combo, points in sorted(lines.items()):
+            xs = sorted(points)
+            means = [sum(points[x]) / len(points[x]) for x in xs]
+            low = [m - min(points[x]) for x, m in zip(xs, means)]
+            high = [max(points[x]) - m for x, m in zip(xs, means)]
+            name = ", ".join(f"{o}={v}" for o, v in zip(others, combo)) or "measured"
+            ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=4, label=name)
+        ax.set_xlabel(UNITS.get(axis, axis))
+        ax.set_ylabel(label)
+        ax.set_title(f"{spec.name}: {label} against {axis}")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        if any(others):
+            ax.legend(fontsize="small")
+        path = folder / f"{column.replace('_per_s', '')}-by-{axis}.png"
+        figure.tight_layout()
+        figure.savefig(path)
+        plt.close(figure)
+        made.append(path)
+    return made
+
+
+def hparam_value(spec: SweepSpec, axis: str, value: str) -> float | str:
+    """A numeric axis as a number (TensorBoard sorts and plots it), any other as its text."""
+    if axis in numeric_axes(spec) and axis != "link-rate":
+        number = numeric(axis, value)
+        if number is not None:
+            return number
+    return value
+
+
+def write_hparams(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """One HParams session per finished point (under hparams/POINT), rewritten whole."""
+    import shutil
+
+    from tensorboardX import SummaryWriter
+
+    target = folder / HPARAMS_DIR
+    shutil.rmtree(target, ignore_errors=True)
+    with SummaryWriter(logdir=str(target)) as writer:
+        for r in rows:
+            hparams: dict[str, Any] = {a.name: hparam_value(spec, a.name, str(r.get(a.name))) for a in spec.axes}
+            hparams["repeat"] = int(r.get("repeat") or 1)
+            metrics = {f"sweep/{key}": float(r[key]) for key in ("steps_per_s", "examples_per_s", "first_step_s")
+                       if isinstance(r.get(key), (int, float))}
+            metrics["sweep/ok"] = 1.0 if r.get("verdict") == "ok" else 0.0
+            writer.add_hparams(hparams, metrics, name=str(r["point"]))
+    return target
+
+
+def predictions(spec: SweepSpec, rows: Sequence[Mapping[str, Any]], strategy: str,
+                lab_rate: str | None) -> list[dict[str, Any]]:
+    """Per link, the fitted model and its predicted throughput at `--predict workers=...`."""
+    if "workers" not in {a.name for a in spec.axes}:
+        return []
+    column, label = throughput(rows)
+    groups: dict[str, list[tuple[int, float, float]]] = {}
+    for r in rows:
+        if r.get("verdict") != "ok" or not r.get("steps_per_s"):
+            continue
+        link = str(r.get("link-rate") or lab_rate or "unshaped").replace(UNSHAPED, "unshaped")
+        key = ", ".join([f"link {link}"] + [f"{a.name}={r.get(a.name)}" for a in spec.axes
+                                            if a.name not in ("workers", "link-rate")])
+        per_step_examples = (float(r[column]) / float(r["steps_per_s"])) if column != "steps_per_s" else 1.0
+        groups.setdefault(key, []).append((int(str(r["workers"])), float(r["steps_per_s"]), per_step_examples))
+    found = []
+    for key, samples in groups.items():
+        fitted = costmodel.fit(strategy, [(n, rate) for n, rate, _ in samples])
+        if fitted is None:
+            continue
+        scale = sum(s for _, _, s in samples) / len(samples)
+        wanted = [int(v) for v in spec.predict.get("workers", ())]
+        found.append({"group": key, "fit": fitted, "unit": label, "scale": scale,
+                      "measured": {n: rate * scale for n, rate in fitted.measured.items()},
+                      "predicted": {n: fitted.predict(n) * scale for n in wanted}})
+    return found
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value).replace("|", "\\|")
+
+
+def write_report(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]], plots: Sequence[Path],
+                 predicted: Sequence[Mapping[str, Any]], strategy: str, missing: Sequence[Point]) -> Path:
+    """report.md: the table, the plots, the limits found, and the predictions with their measured error."""
+    column, label = throughput(rows)
+    axes = [a.name for a in spec.axes]
+    lines = [f"# Sweep {spec.name}", "",
+             f"Task {spec.task or 'per point (the task axis)'}; axes: "
+             + "; ".join(f"{a.name} = {', '.join(a.values)}" for a in spec.axes)
+             + f"; {spec.repeats} repeat{'s' if spec.repeats > 1 else ''} each. {len(rows)} point"
+             + f"{'s' if len(rows) != 1 else ''} run"
+             + (f", {len(missing)} missing (`tflab sweep --resume {spec.name}` runs them)." if missing else "."),
+             "", "## Results", "",
+             "| " + " | ".join([*axes, "repeat", "verdict", "steps/s", "examples/s", "first step (s)", "limit"]) + " |",
+             "|" + "---|" * (len(axes) + 6)]
+    for r in rows:
+        limit = str(r.get("limit") or "-").split(":", 1)[0]
+        lines.append("| " + " | ".join(_cell(x) for x in [*(r.get(a) for a in axes), r.get("repeat"), r.get("verdict"),
+                                                            r.get("steps_per_s"), r.get("examples_per_s"),
+                                                            r.get("first_step_s"), limit]) + " |")
+    if plots:
+        lines += ["", "## Plots", "", f"{label} (mean over repeats; the bars span the lowest and highest repeat).", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in plots]
+    lines += ["", "## What limited each run", ""]
+    for r in rows:
+        values = ", ".join(f"{a}={r.get(a)}" for a in axes)
+        lines.append(f"- {values} (repeat {r.get('repeat')}): {r.get('limit') or 'not measured'}")
+    if predicted:
+        formula = costmodel.FORMULAS[strategy]
+        lines += ["", "## Beyond the grid: the cost model", "",
+                  f"Strategy: {strategy}. Model: `{formula}`, with c the compute seconds per step and k the link's "
+                  "seconds per step per unit of traffic (the model's bytes over the link's rate), fitted by least "
+                  "squares to the measured points of each link; the error is leave-one-out (each measured point "
+                  "predicted from the others). Predicted rows are predictions, not runs.", ""]
+        for group in predicted:
+            fitted: costmodel.Fit = group["fit"]
+            error = fitted.error
+            lines += [f"### {group['group']}", "",
+                      f"c = {fitted.c:.4g} s, k = {fitted.k:.4g} s; leave-one-out error "
+                      + (f"{error:.0%}" if error is not None else "not measurable (fewer than 3 worker counts)"), "",
+                      f"| workers | {group['unit']} | kind | error |", "|---|---|---|---|"]
+            for n, value in sorted(group["measured"].items()):
+                err = fitted.errors.get(n)
+                lines.append(f"| {n} | {value:.3g} | measured | {f'{err:.0%}' if err is not None else '-'} |")
+            for n, value in sorted(group["predicted"].items()):
+                lines.append(f"| {n} | {value:.3g} | **predicted** | - |")
+            lines.append("")
+    path = folder / REPORT
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_all(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]], strategy: str,
+              lab_rate: str | None, missing: Sequence[Point]) -> dict[str, Any]:
+    """Every file of the sweep's findings from its rows; what was written."""
+    plots = plot(folder, spec, rows)
+    hparams = write_hparams(folder, spec, rows)
+    predicted = predictions(spec, rows, strategy, lab_rate) if spec.predict or rows else []
+    report = write_report(folder, spec, rows, plots, predicted, strategy, missing)
+    return {"plots": plots, "hparams": hparams, "report": report, "predicted": predicted}
