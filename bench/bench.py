@@ -478,6 +478,29 @@ def bench_packages(root: Path, repeats: int) -> None:
     row("re-up of an unchanged lab with packages (no rebuild)", again, None, "< 2 s", statistics.median(again) < 2)
 
 
+SWEEP_TASK = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
+              "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=300")
+
+
+def bench_sweep(root: Path, repeats: int) -> None:
+    """A sweep's own time per point against the same runs typed one by one (`tflab run --workers K`), alternated."""
+    lab = gen(root, 4, "--link-rate", "1gbit")
+    add_task(lab, "short", SWEEP_TASK)
+    sh([*TFLAB, "up", "--lab", str(lab)])
+    values = ["1", "2", "3"]
+    ours, theirs = [], []
+    for repeat in range(repeats):
+        sweep_s = timed(lambda: sh([*TFLAB, "sweep", "short", "--vary", f"workers={','.join(values)}",
+                                    "--name", f"bench-{repeat}", "--lab", str(lab)]))
+        typed_s = timed(lambda: [sh([*TFLAB, "run", "short", "--workers", k, "--lab", str(lab)]) for k in values])
+        ours.append(sweep_s / len(values))
+        theirs.append(typed_s / len(values))
+    down(lab)
+    row("sweep, time per point (3 points of a 300-step `train`): `tflab sweep` vs `tflab run --workers K` typed "
+        "one by one", ours, theirs, "≤ 1.05", statistics.median(ours) <= 1.05 * statistics.median(theirs),
+        note="the sweep also writes its rows, plots, report and HParams")
+
+
 def machines_base(choice: str) -> str:
     from tflab.plan import config as cfg
 
@@ -620,6 +643,7 @@ STEPS = {
     "overhead": bench_overhead,
     "links": bench_links,
     "packages": bench_packages,
+    "sweep": bench_sweep,
     "cold-start": bench_cold_start,
 }
 

@@ -56,7 +56,8 @@ def test_code_folder_brings_its_tasks_and_paths_are_kept_relative(runner, tmp_pa
     assert result.exit_code == 0, result.stderr
     saved = yaml.safe_load((lab / "tflab.yaml").read_text())
     assert saved["code"] == os.path.relpath(repo_examples, lab)
-    assert saved["tasks"]["train"].startswith("python /workspace/mnist_async.py --job_name={job_name}")
+    assert saved["tasks"]["train"]["command"].startswith("python /workspace/mnist_async.py --job_name={job_name}")
+    assert saved["tasks"]["train"]["batch"] == 64 and saved["tasks"]["allreduce"]["batch"] == "32 per worker"
     assert saved["tasks"]["ps_strategy"] == {"command": "python /workspace/ps_strategy.py", "servers": ["ps", "worker"]}
 
 

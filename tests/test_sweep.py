@@ -73,7 +73,7 @@ def test_rows_files_resume_and_report(tmp_path: Path) -> None:
     for point in spec.points()[:4]:
         knobs = sweep.point_knobs(point, LAB, 4)
         rate = 10.0 * int(point.values["workers"])
-        rows.append(sweep.row(spec, point, fake_run(rate), f"runs/{point.key}", sweep.batch_of("{BATCH}", knobs), nodes))
+        rows.append(sweep.row(spec, point, fake_run(rate), f"runs/{point.key}", sweep.batch_of("{BATCH}", knobs, LAB), nodes))
     sweep.save_spec(tmp_path, spec)
     sweep.save_rows(tmp_path, spec, rows, nodes)
     assert [p.key for p in sweep.missing(spec, sweep.load_rows(tmp_path))] == ["p005", "p006"]
@@ -82,6 +82,9 @@ def test_rows_files_resume_and_report(tmp_path: Path) -> None:
     assert read[1]["workers"] == "1" and read[1]["env.BATCH"] == "64" and read[1]["examples_per_s"] == "640.0"
     assert read[0]["limit"].startswith("link: ") and read[0]["ps0.tx_mbit"] == "95.0" and read[0]["worker2.cpu"] == ""
     assert set(sweep.COLUMNS) <= set(read[0])
+    two = sweep.point_knobs(spec.points()[2], LAB, 4)
+    assert sweep.batch_of("16 per worker", two, LAB) == 32 and sweep.batch_of("{BATCH} per worker", two, LAB) == 64
+    assert sweep.batch_of("{OTHER}", two, LAB) is None
     found = sweep_report.write_all(tmp_path, spec, rows, costmodel.PS, "100mbit", sweep.missing(spec, rows))
     assert [p.name for p in found["plots"]] == ["examples-by-workers.png", "examples-by-env.BATCH.png"]
     assert found["plots"][0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -97,7 +97,7 @@ def sweep_cmd(
                 break  # what the Ctrl-C cut short is no result: --resume runs it again
             kept = _keep_run(lf, folder, point, session.folder)
             rows = [r for r in rows if r["point"] != point.key]
-            rows.append(sweep.row(spec, point, data, kept, sweep.batch_of(definition.batch, knobs), nodes))
+            rows.append(sweep.row(spec, point, data, kept, sweep.batch_of(definition.batch, knobs, lf.lab), nodes))
             sweep.save_rows(folder, spec, rows, nodes)
             bar.update(progress_id, advance=1)
             out.print(_point_line(point, total, data), soft_wrap=True)

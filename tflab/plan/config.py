@@ -32,7 +32,9 @@ PUBLIC_KEY = "id_ed25519.pub"
 CODE_DIR = "code"
 DATA_DIR = "data"
 DEFAULT_RUNS = "runs"
-BATCH_KNOB = re.compile(r"^\{[A-Za-z_][A-Za-z0-9_]*\}$")
+# A task's `batch:`: examples per step, a number or an --env knob's {NAME}, "per worker" where each worker's
+# step takes that many (synchronous all-reduce: the global batch grows with the workers).
+BATCH = re.compile(r"^(?:[1-9][0-9]*|\{[A-Za-z_][A-Za-z0-9_]*\})(?: per worker)?$")
 PLACEHOLDERS = ("node", "job_name", "task_index", "ps_hosts", "worker_hosts", "num_gpus", "run_dir")
 ROLES = ("ps", "worker", "chief", "evaluator")
 DEFAULT_SERVERS = ("ps",)
@@ -400,10 +402,10 @@ def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
         batch = spec.get("batch")
         if batch is not None:
             if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0
-                                               or isinstance(batch, str) and BATCH_KNOB.match(batch)):
-                raise read.fail(f"{where}.batch", f"must be a whole number of examples or {{NAME}} (a --env knob), "
-                                                  f"not {_shown(batch)}")
-            batch = str(batch)
+                                               or isinstance(batch, str) and BATCH.match(batch.strip())):
+                raise read.fail(f"{where}.batch", "must be the examples one step takes: a whole number or {NAME} "
+                                                  f"(a --env knob), optionally 'per worker'; not {_shown(batch)}")
+            batch = str(batch).strip()
         tasks[name] = Task(name, command, tuple(servers), preload, pattern, batch)
     return tasks
 

@@ -251,15 +251,23 @@ def _write(path: Path, text: str) -> None:
 # -- rows -------------------------------------------------------------------------------------
 
 
-def batch_of(batch: str | None, knobs: Knobs) -> float | None:
-    """A task's declared examples per step, its `{NAME}` filled from the point's --env knob."""
+PER_WORKER = " per worker"
+
+
+def batch_of(batch: str | None, knobs: Knobs, lab: Lab) -> float | None:
+    """A task's declared examples per step of the cluster's steps/s, its `{NAME}` filled from the point's --env
+    knob, times the run's workers where it is per worker."""
     if batch is None:
         return None
     text = knob_rules.fill_env(batch, knobs.env)
+    per_worker = text.endswith(PER_WORKER)
     try:
-        value = float(text)
+        value = float(text.removesuffix(PER_WORKER))
     except ValueError:
         return None
+    if per_worker:
+        workers = sum(1 for n in knob_rules.run_lab(lab, knobs).nodes if n.job == "worker")
+        value *= max(1, workers)
     return value if value > 0 else None
 
 
