@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -70,9 +71,13 @@ def test_a_sweep_runs_every_point_and_writes_what_it_found(sweep_lab: Path, runn
     # the report: the table, the plots, the limits, and the prediction with its measured error
     report = (folder / "report.md").read_text()
     assert "![examples-by-workers](examples-by-workers.png)" in report and "## What limited each run" in report
-    assert "steps/s = N / (c + k·N)" in report and "| 6 |" in report and "**predicted**" in report
-    assert "leave-one-out error" in report and "%" in report.split("leave-one-out error", 1)[1].splitlines()[0]
-    assert "(predicted)" in out and "leave-one-out error" in out
+    assert "t = c + β·N/B; steps/s = N / t" in report and "| 6 | unshaped |" in report and "**predicted**" in report
+    # the stand-in follows the model (t = 0.03 + 0.01 N): its prediction for 6 workers, and the error it states
+    match = re.search(r"predicted by the cost model \(parameter servers; env.BATCH=16\): 6 workers at unshaped: "
+                      r"([\d.]+) examples/s; its leave-one-out error on the measured points: (\d+)%", " ".join(out.split()))
+    assert match, out
+    assert float(match.group(1)) == pytest.approx(16 * 6 / (0.03 + 0.01 * 6), rel=0.4)
+    assert int(match.group(2)) < 30
     # HParams, read back as TensorBoard reads them
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
     from tensorboard.plugins.hparams import plugin_data_pb2

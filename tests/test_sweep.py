@@ -94,18 +94,23 @@ def test_rows_files_resume_and_report(tmp_path: Path) -> None:
 
 
 def test_the_cost_model_recovers_a_cluster_that_follows_it() -> None:
-    # parameter servers: c = 0.1 s, k = 0.02 s: N / (0.1 + 0.02 N)
-    samples = [(n, n / (0.1 + 0.02 * n)) for n in (1, 2, 3, 4)]
+    # parameter servers: c = 0.01 s, β = 0.5 s·Mbit/s, two links: t = 0.01 + 0.5 N / B, steps/s = N / t
+    samples = [(n, n / (0.01 + 0.5 * n / b), b) for n in (1, 2, 3) for b in (20.0, 100.0)]
     fitted = costmodel.fit(costmodel.PS, samples)
-    assert fitted is not None and fitted.c == pytest.approx(0.1) and fitted.k == pytest.approx(0.02)
-    assert fitted.error == pytest.approx(0.0, abs=1e-9)
-    assert fitted.predict(8) == pytest.approx(8 / 0.26)
-    # ring all-reduce: 1 / (0.2 + 0.05 * 2(N-1)/N), measured with 5% noise on one point
-    ring = [(n, 1 / (0.2 + 0.05 * 2 * (n - 1) / n)) for n in (1, 2, 3)]
-    ring[1] = (2, ring[1][1] * 1.05)
+    assert fitted is not None and fitted.constants == pytest.approx((0.01, 0.5))
+    assert fitted.error == pytest.approx(0.0, abs=1e-9) and len(fitted.errors) == 6
+    assert fitted.predict(8, 100.0) == pytest.approx(8 / (0.01 + 0.5 * 8 / 100))
+    # ring all-reduce with a latency term: t = 0.005 + 0.002·2(N-1) + 0.3·(2(N-1)/N)/B, one point 5% off
+    ring = [(n, 1 / (0.005 + 0.002 * 2 * (n - 1) + 0.3 * 2 * (n - 1) / n / b), b) for n in (1, 2, 3) for b in (20.0, 100.0)]
+    ring[2] = (ring[2][0], ring[2][1] * 1.05, ring[2][2])
     fitted = costmodel.fit(costmodel.ALLREDUCE, ring)
-    assert fitted is not None and 0 < fitted.error < 0.2 and set(fitted.errors) == {1, 2, 3}
-    assert costmodel.fit(costmodel.PS, [(2, 5.0), (2, 6.0)]) is None  # one worker count: nothing to fit
+    assert fitted is not None and 0 < fitted.error < 0.1
+    assert fitted.constants == pytest.approx((0.005, 0.002, 0.3), rel=0.2)
+    assert "α = " in fitted.describe() and "β = " in fitted.describe()
+    # one worker count: nothing to fit; unshaped points count only where none is shaped
+    assert costmodel.fit(costmodel.PS, [(2, 5.0, 20.0), (2, 6.0, 20.0)]) is None
+    plain = costmodel.fit(costmodel.PS, [(1, 10.0, None), (2, 15.0, None), (3, 18.0, None), (2, 1.0, 20.0)])
+    assert plain is None  # the only shaped point is one worker count
 
 
 def test_sweep_refuses_bad_input_before_the_engine(runner, tmp_path: Path, monkeypatch) -> None:

@@ -107,10 +107,10 @@ def sweep_cmd(
     for group in found["predicted"]:
         fitted = group["fit"]
         error = f"{fitted.error:.0%}" if fitted.error is not None else "not measurable"
-        shown = ", ".join(f"{n} workers: {v:.3g} {group['unit']} (predicted)" for n, v in group["predicted"].items())
+        shown = ", ".join(f"{n} workers at {link}: {v:.4g} {group['unit']}" for n, link, v in group["predicted"])
         if shown:
-            out.print(f"model ({fitted.strategy}, {group['group']}): {shown}; leave-one-out error {error}",
-                      soft_wrap=True)
+            out.print(f"predicted by the cost model ({fitted.strategy}; {group['group']}): {shown}; its "
+                      f"leave-one-out error on the measured points: {error}", soft_wrap=True)
     out.print(f"report: {folder / sweep_report.REPORT}; plots: "
               f"{', '.join(p.name for p in found['plots']) or 'none (no numeric axis with two values)'}; "
               f"`tflab tensorboard` shows its HParams", soft_wrap=True)
@@ -163,8 +163,9 @@ def _table(spec: sweep.SweepSpec, rows: list[dict]) -> Table:
 def _write_findings(lf: LabFiles, folder: Path, spec: sweep.SweepSpec, rows: list[dict]) -> dict:
     tasks = [spec.task] if spec.task else list(next(a.values for a in spec.axes if a.name == "task"))
     with_ps = lf.lab.topology.ps_count > 0 and all("ps" in lf.config.task(t).servers for t in tasks)
+    per_worker = all((lf.config.task(t).batch or "").endswith(sweep.PER_WORKER) for t in tasks)
     return sweep_report.write_all(folder, spec, rows, PS if with_ps else ALLREDUCE, lf.config.links.rate,
-                                  sweep.missing(spec, rows))
+                                  sweep.missing(spec, rows), per_worker)
 
 
 def sweeps(lab: LabOption = Path(".")) -> None:

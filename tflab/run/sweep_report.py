@@ -107,31 +107,48 @@ def write_hparams(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any
     return target
 
 
-def predictions(spec: SweepSpec, rows: Sequence[Mapping[str, Any]], strategy: str,
-                lab_rate: str | None) -> list[dict[str, Any]]:
-    """Per link, the fitted model and its predicted throughput at `--predict workers=...`."""
+def predictions(spec: SweepSpec, rows: Sequence[Mapping[str, Any]], strategy: str, lab_rate: str | None,
+                per_worker: bool = False) -> list[dict[str, Any]]:
+    """The cost model fitted over workers and links (one fit per combination of the other axes), and its
+    predictions at `--predict workers=...` for each link measured."""
     if "workers" not in {a.name for a in spec.axes}:
         return []
     column, label = throughput(rows)
-    groups: dict[str, list[tuple[int, float, float]]] = {}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("verdict") != "ok" or not r.get("steps_per_s"):
             continue
-        link = str(r.get("link-rate") or lab_rate or "unshaped").replace(UNSHAPED, "unshaped")
-        key = ", ".join([f"link {link}"] + [f"{a.name}={r.get(a.name)}" for a in spec.axes
-                                            if a.name not in ("workers", "link-rate")])
-        per_step_examples = (float(r[column]) / float(r["steps_per_s"])) if column != "steps_per_s" else 1.0
-        groups.setdefault(key, []).append((int(str(r["workers"])), float(r["steps_per_s"]), per_step_examples))
+        key = ", ".join(f"{a.name}={r.get(a.name)}" for a in spec.axes if a.name not in ("workers", "link-rate"))
+        groups.setdefault(key, []).append(r)
     found = []
-    for key, samples in groups.items():
-        fitted = costmodel.fit(strategy, [(n, rate) for n, rate, _ in samples])
+    for key, members in groups.items():
+        samples = []
+        per_step: list[float] = []  # examples one step takes, per worker where the batch is per worker
+        for r in members:
+            workers = int(str(r["workers"]))
+            link = str(r.get("link-rate") or lab_rate or UNSHAPED)
+            mbit = numeric("link-rate", link)
+            samples.append((workers, float(r["steps_per_s"]), mbit))
+            if column != "steps_per_s":
+                ratio = float(r[column]) / float(r["steps_per_s"])
+                per_step.append(ratio / workers if per_worker else ratio)
+        fitted = costmodel.fit(strategy, samples)
         if fitted is None:
             continue
-        scale = sum(s for _, _, s in samples) / len(samples)
+        examples = sum(per_step) / len(per_step) if per_step else 1.0
+
+        def scale(n: int, examples: float = examples) -> float:
+            return examples * n if per_worker and column != "steps_per_s" else examples
+
+        links = sorted({p.link_mbit for p in fitted.points})
         wanted = [int(v) for v in spec.predict.get("workers", ())]
-        found.append({"group": key, "fit": fitted, "unit": label, "scale": scale,
-                      "measured": {n: rate * scale for n, rate in fitted.measured.items()},
-                      "predicted": {n: fitted.predict(n) * scale for n in wanted}})
+        shown_link = (lambda mbit: f"{mbit:g} Mbit/s") if any(s[2] for s in samples) else (lambda mbit: "unshaped")
+        found.append({
+            "group": key or "all points", "fit": fitted, "unit": label,
+            "measured": [(p.workers, shown_link(p.link_mbit), p.rate * scale(p.workers),
+                          fitted.errors.get((p.workers, p.link_mbit))) for p in fitted.points],
+            "predicted": [(n, shown_link(link), fitted.predict(n, link) * scale(n)) for link in links for n in wanted],
+        })
     return found
 
 
@@ -172,22 +189,23 @@ def write_report(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]
     if predicted:
         formula = costmodel.FORMULAS[strategy]
         lines += ["", "## Beyond the grid: the cost model", "",
-                  f"Strategy: {strategy}. Model: `{formula}`, with c the compute seconds per step and k the link's "
-                  "seconds per step per unit of traffic (the model's bytes over the link's rate), fitted by least "
-                  "squares to the measured points of each link; the error is leave-one-out (each measured point "
-                  "predicted from the others). Predicted rows are predictions, not runs.", ""]
+                  f"Strategy: {strategy}. Model (alpha-beta): `{formula}`, N the workers, B the link's rate (Mbit/s); "
+                  "c is the compute seconds per step, α the seconds per message round, β the model's megabits per "
+                  "step over the link. Fitted by least squares to every measured point at once (each with its own "
+                  "link), no constant negative; the error is leave-one-out (each measured point predicted by a fit "
+                  "without it). Predicted rows are predictions, not runs.", ""]
         for group in predicted:
             fitted: costmodel.Fit = group["fit"]
             error = fitted.error
             lines += [f"### {group['group']}", "",
-                      f"c = {fitted.c:.4g} s, k = {fitted.k:.4g} s; leave-one-out error "
-                      + (f"{error:.0%}" if error is not None else "not measurable (fewer than 3 worker counts)"), "",
-                      f"| workers | {group['unit']} | kind | error |", "|---|---|---|---|"]
-            for n, value in sorted(group["measured"].items()):
-                err = fitted.errors.get(n)
-                lines.append(f"| {n} | {value:.3g} | measured | {f'{err:.0%}' if err is not None else '-'} |")
-            for n, value in sorted(group["predicted"].items()):
-                lines.append(f"| {n} | {value:.3g} | **predicted** | - |")
+                      f"{fitted.describe()}; leave-one-out error "
+                      + (f"{error:.0%} (mean over {len(fitted.errors)} points)" if error is not None
+                         else "not measurable (no more points than constants)"), "",
+                      f"| workers | link | {group['unit']} | kind | error |", "|---|---|---|---|---|"]
+            for n, link, value, err in group["measured"]:
+                lines.append(f"| {n} | {link} | {value:.4g} | measured | {f'{err:.0%}' if err is not None else '-'} |")
+            for n, link, value in group["predicted"]:
+                lines.append(f"| {n} | {link} | {value:.4g} | **predicted** | - |")
             lines.append("")
     path = folder / REPORT
     path.write_text("\n".join(lines) + "\n")
@@ -195,10 +213,10 @@ def write_report(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]
 
 
 def write_all(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]], strategy: str,
-              lab_rate: str | None, missing: Sequence[Point]) -> dict[str, Any]:
+              lab_rate: str | None, missing: Sequence[Point], per_worker: bool = False) -> dict[str, Any]:
     """Every file of the sweep's findings from its rows; what was written."""
     plots = plot(folder, spec, rows)
     hparams = write_hparams(folder, spec, rows)
-    predicted = predictions(spec, rows, strategy, lab_rate) if spec.predict or rows else []
+    predicted = predictions(spec, rows, strategy, lab_rate, per_worker)
     report = write_report(folder, spec, rows, plots, predicted, strategy, missing)
     return {"plots": plots, "hparams": hparams, "report": report, "predicted": predicted}
