@@ -35,7 +35,7 @@ def backup_dir(base: str, task_type: str, task_id: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", default="/data")
+    parser.add_argument("--data_dir", default=os.environ.get("TFLAB_DATA_DIR", "/data"))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch_size_per_replica", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=0.5)

@@ -29,7 +29,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--task_index", type=int, required=True)
     parser.add_argument("--ps_hosts", required=True)
     parser.add_argument("--worker_hosts", required=True)
-    parser.add_argument("--data_dir", default="/data")
+    parser.add_argument("--data_dir", default=os.environ.get("TFLAB_DATA_DIR", "/data"))
     parser.add_argument("--log_dir", default=run_dir("/runs/train"))
     parser.add_argument("--train_steps", type=int, default=1500)
     parser.add_argument("--batch_size", type=int, default=64)

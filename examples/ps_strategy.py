@@ -87,7 +87,7 @@ def coordinate(resolver, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", default="/data")
+    parser.add_argument("--data_dir", default=os.environ.get("TFLAB_DATA_DIR", "/data"))
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=0.3)

@@ -1,4 +1,5 @@
-"""`tflab render k8s`: the lab as a Kubernetes manifest (a Kubeflow TFJob or a JobSet)."""
+"""`tflab render k8s` and `tflab render slurm`: the lab as a Kubernetes manifest (a Kubeflow TFJob or a JobSet)
+or as a Slurm batch script."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Annotated
 import typer
 
 from tflab.cli.common import LabOption, err_console, open_lab
-from tflab.render import k8s
+from tflab.errors import UserError
+from tflab.render import k8s, slurm
 
 
 def k8s_(
@@ -31,3 +33,30 @@ def k8s_(
 
 
 
+
+
+def slurm_(
+    task: Annotated[str | None, typer.Option(help="The task the job runs (default: train, else the first task).")] = None,
+    container: Annotated[str, typer.Option(help="none (the compute nodes' own Python), apptainer or pyxis.")] = "none",
+    partition: Annotated[str | None, typer.Option(help="The partition (sbatch --partition).")] = None,
+    time: Annotated[str | None, typer.Option("--time", help="The job's time limit, as Slurm writes it (30, 1:00:00, 1-12).")] = None,
+    account: Annotated[str | None, typer.Option(help="The account charged (sbatch --account).")] = None,
+    runs: Annotated[str, typer.Option(help="Where each job writes its outputs (a folder per job), relative to the lab folder.")] = "runs",
+    image: Annotated[str | None, typer.Option(help="The node image for apptainer (a .sif) or pyxis (an enroot image reference).")] = None,
+    grace: Annotated[float, typer.Option(help="Seconds a worker may run after the chief finished before it is reported hung.")] = 30.0,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the script here (default: standard output).")] = None,
+    lab: LabOption = Path("."),
+) -> None:
+    """Write the lab as a Slurm batch script: one Slurm node per lab node, servers first, the workers' exit code."""
+    lf = open_lab(lab)
+    if not 0 <= grace < 86400:
+        raise UserError(f"--grace {grace:g} must be between 0 and 86400 seconds")
+    text = slurm.render(lf.config, lf.lab, k8s.pick_task(lf.config, task), container, partition, time, account, runs,
+                        image, grace)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    output.write_text(text)
+    output.chmod(0o755)
+    err_console().print(f"wrote {output}: a Slurm job of {len(lf.lab.nodes)} nodes; `sbatch {output.name}` from the "
+                        "lab folder on the cluster's shared file system submits it")

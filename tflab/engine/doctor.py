@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 
 import docker
@@ -120,6 +121,25 @@ def _tool(name: str, why: str, package: str) -> Check:
     return Check(name, "warn", f"missing: {why}", f"apt-get install {package}")
 
 
+SLURM_RUNTIMES = (("apptainer", "apptainer"), ("singularity", "apptainer"), ("enroot", "pyxis"))
+
+
+def _slurm() -> Check:
+    """Whether this machine submits to a Slurm cluster (`tflab render slurm`), and which container form it can run."""
+    sbatch = shutil.which("sbatch")
+    if not sbatch:
+        return Check("Slurm", "ok", "no sbatch here: `tflab render slurm` writes a job to submit where it is "
+                                    "(not needed for labs)")
+    runtimes = [f"{tool} (--container {form})" for tool, form in SLURM_RUNTIMES if shutil.which(tool)]
+    try:
+        done = subprocess.run([sbatch, "--version"], capture_output=True, text=True, timeout=10)
+        version = done.stdout.strip() or done.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("Slurm", "warn", f"{sbatch} does not answer: {exc}")
+    return Check("Slurm", "ok", f"{version} reachable; container runtime: "
+                                f"{', '.join(runtimes) or 'none found here (--container none: the nodes own Python)'}")
+
+
 def run_checks() -> list[Check]:
     """Every check, in the order a user fixes things."""
     engine_check, client = _engine()
@@ -134,4 +154,5 @@ def run_checks() -> list[Check]:
         _links(client),
         _bootstrap_tool(),
         _tool("ssh", "`tflab ssh`", "openssh-client"),
+        _slurm(),
     ]

@@ -1,0 +1,117 @@
+"""`tflab render slurm` on a real Slurm cluster (Debian's slurmctld, slurmd and munge in containers, made by
+scripts/slurm_cluster.py): the rendered script trains the examples, ends COMPLETED or FAILED with the workers'
+code, and leaves no process on any compute node; the same tflab.yaml as a lab gives the same result line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli
+from test_docker_run import add_tasks
+
+from tflab.engine.containers import lab_containers
+from tflab.host import labfiles
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+FIXTURE = [sys.executable, str(REPO / "scripts" / "slurm_cluster.py")]
+FAIL = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOSTS##*:}; fi; "
+        "if [ {task_index} = 1 ]; then echo 'worker1 gives up'; exit 7; fi; sleep 600")
+ACCURACY = re.compile(r"test accuracy (0\.\d+)")
+
+
+def slurm(name: str, *argv: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*FIXTURE, "exec", "--name", name, *(["--cwd", str(cwd)] if cwd else []), "--", *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def job_state(name: str, job: str) -> tuple[str, str]:
+    shown = slurm(name, "scontrol", "show", "job", job).stdout
+    return re.search(r"JobState=(\S+)", shown).group(1), re.search(r"\bExitCode=(\S+)", shown).group(1)
+
+
+def submit(name: str, lab: Path, *render: str) -> tuple[str, str, str]:
+    """Render the lab's script, sbatch it from the lab folder and wait: (job id, its output, its state)."""
+    script = lab / "job.sh"
+    rendered = subprocess.run([sys.executable, "-m", "tflab", "render", "slurm", "--lab", str(lab), "-o", str(script),
+                               *render], capture_output=True, text=True)
+    assert rendered.returncode == 0, rendered.stderr
+    done = slurm(name, "sbatch", "--wait", "--parsable", script.name, cwd=lab)
+    job = done.stdout.strip().split(";")[0]
+    assert job.isdigit(), done.stdout + done.stderr
+    output = next(lab.glob(f"slurm-*-{job}.out")).read_text()
+    state, code = job_state(name, job)
+    return job, output, f"{state} {code}"
+
+
+def left_on_nodes(name: str, nodes: int) -> dict[str, list[str]]:
+    """Every compute node's processes but its own daemons."""
+    left = {}
+    for i in range(1, nodes + 1):
+        listing = subprocess.run(["docker", "exec", f"{name}-c{i}", "ps", "-eo", "stat=,args="], capture_output=True,
+                                 text=True).stdout.splitlines()
+        rest = [line for line in listing if not line.startswith("Z") and not re.search(
+            r"docker-init|munged|slurmd|sh -c printf|ps -eo", line)]
+        if rest:
+            left[f"c{i}"] = rest
+    return left
+
+
+@pytest.fixture
+def cluster(labs, runner):
+    """A Slurm cluster of four compute nodes sized as a 4-node lab's nodes, the labs' folder shared; and the lab."""
+    lab = labs.gen(nodes=4)
+    add_tasks(lab, {"fail": {"command": FAIL, "preload": False}})
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 0, up.stderr
+    lf = labfiles.open_lab(lab)
+    image = lab_containers(labs.client, lf.project)["ps0"].image.tags[0]
+    memory = max(n.machine.memory_mib or 0 for n in lf.lab.nodes) or 2048
+    name = f"tflab-slurm-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run([*FIXTURE, "up", "--image", image, "--share", str(lab.parent), "--nodes", "4", "--cpus", "1",
+                           "--memory", str(memory), "--name", name], capture_output=True, text=True, timeout=1800)
+    try:
+        assert made.returncode == 0, made.stdout + made.stderr
+        yield name, lab, memory
+    finally:
+        subprocess.run([*FIXTURE, "down", "--name", name], capture_output=True, timeout=300)
+        assert not subprocess.run(["docker", "ps", "-aq", "--filter", f"label=tflab.fixture.cluster={name}"],
+                                  capture_output=True, text=True).stdout.strip(), "the cluster's containers are gone"
+
+
+def test_the_rendered_job_trains_on_a_real_slurm_cluster_like_the_lab(cluster, labs, runner) -> None:
+    name, lab, memory = cluster
+    # the lab's own run first: its result line
+    ran = runner.invoke(cli, ["run", "train", "--lab", str(lab)])
+    assert ran.exit_code == 0, ran.stdout
+    in_lab = ACCURACY.search(ran.stdout)
+    assert in_lab and float(in_lab.group(1)) > 0.9
+    runner.invoke(cli, ["down", "--lab", str(lab)])
+
+    # parameter server and three workers, classic flags through the placeholders
+    job, output, state = submit(name, lab, "--task", "train")
+    assert state == "COMPLETED 0:0", output
+    assert "tflab: ps0 is serving on c1:" in output and "[worker2] worker2: done after" in output
+    on_slurm = ACCURACY.search(output)
+    assert on_slurm and float(on_slurm.group(1)) > 0.9, output
+    assert re.search(r"\[worker0\] worker0: test accuracy 0\.\d+", output) and "worker0: test accuracy" in ran.stdout
+    assert (lab / "runs" / f"train-{job}" / "checkpoint").is_file(), "the checkpoint lands in the job's runs folder"
+    assert left_on_nodes(name, 4) == {}
+
+    # a failed worker ends the job FAILED with its code, and nothing is left running
+    job, output, state = submit(name, lab, "--task", "fail")
+    assert state == "FAILED 7:0", output
+    assert "[worker1] worker1 gives up" in output and "tflab: worker1 failed (exit 7): the job stops the others" in output
+    assert left_on_nodes(name, 4) == {}
+
+    # synchronous all-reduce: a lab of three workers (no parameter server) in the same shared folder
+    ring = labs.gen("--ps", "0", "--memory-per-node", f"{memory}m", nodes=3)
+    job, output, state = submit(name, ring, "--task", "allreduce")
+    assert state == "COMPLETED 0:0", output
+    assert "servers" not in output.split("\n", 1)[0] and ACCURACY.search(output), output
+    assert float(ACCURACY.search(output).group(1)) > 0.9
+    assert left_on_nodes(name, 4) == {}
