@@ -301,7 +301,7 @@ def test_a_warm_standby_becomes_the_program_with_its_environment_output_and_titl
     assert lines[1] == f"{python.name} {program} a 'b c'", "ps shows the program, not tflab's standby"
     assert lines[2] == "to stderr"
     assert standby.wait(timeout=10) == 5
-    assert verb("warm", env=env) == 1  # used up
+    assert verb("warm", env=env) == 2  # used up: none there
 
 
 def test_one_standby_per_node_and_one_claimant_gets_it(guard, verb, python: Path, zipapp: Path, env, state: Path,

@@ -12,8 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tflab.cli import views
-from tflab.cli.common import LabOption, ViaOption, check_via, console, err_console, open_lab
+from tflab.cli.common import LabOption, ViaOption, backend, check_via, console, err_console, open_lab
 from tflab.cli.runs import RunRequest, execute_run, prepare_run
+from tflab.engine import guardcmd
 from tflab.errors import UserError
 from tflab.host.labfiles import LabFiles
 from tflab.host.signals import stop_signals
@@ -70,6 +71,7 @@ def sweep_cmd(
             current[0].interrupt(reason, force)
 
     nodes = lf.lab.names
+    ran_one = False
     with stop_signals(on_stop), Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                          TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                          console=out, transient=True) as bar:
@@ -77,6 +79,9 @@ def sweep_cmd(
         for point in todo:
             if stopped[0]:
                 break
+            if ran_one and lf.warm:
+                # the last run asked for new standbys: a run started now would import TensorFlow beside them
+                guardcmd.wait_warm(backend(lf).executor(nodes, via), nodes)
             definition = lf.config.task(sweep.point_task(spec, point))
             knobs = sweep.point_knobs(point, lf.lab, len(lf.config.host.cpus))
             bar.update(progress_id, description=f"point {point.number}/{total}: {point.describe()}"
@@ -93,6 +98,7 @@ def sweep_cmd(
                 break
             _result, data, session = execute_run(lf, prepared, terminal=None)
             current[0] = None
+            ran_one = True
             if stopped[0] and data.get("verdict") == "interrupted":
                 break  # what the Ctrl-C cut short is no result: --resume runs it again
             kept = _keep_run(lf, folder, point, session.folder)

@@ -10,6 +10,7 @@ keys of `train.v2`.
 from __future__ import annotations
 
 import logging
+import time
 
 from tflab.engine.executors import Executor
 from tflab.errors import TflabError
@@ -70,7 +71,7 @@ def standby(idle_s: float = 1800.0) -> list[str]:
 
 
 def warm() -> list[str]:
-    """Exit 0 while the node's standby is ready."""
+    """Exit 0 while the node's standby is ready, 1 while it is being made, 2 when there is none."""
     return [*GUARD, "warm"]
 
 
@@ -136,3 +137,29 @@ def warm_up(executor: Executor, names: list[str]) -> None:
             log.debug("no standby in %s: %s", name, exc)
 
     parallel(spawn, names, name="standby")
+
+
+NO_STANDBY_AFTER_S = 3.0
+
+
+def wait_warm(executor: Executor, names: list[str], timeout_s: float = 60.0) -> bool:
+    """Until every node's standby is ready (a run started before would import TensorFlow a second time beside
+    it, on the same CPUs); False when one was not ready in `timeout_s`."""
+    began = time.monotonic()
+    deadline = began + timeout_s
+    pending = list(names)
+    while pending:
+        still = []
+        for name in pending:
+            try:
+                code, _ = executor.run(name, warm())
+            except TflabError:
+                continue  # no node to ask: nothing to wait for
+            # 2: none there; a standby just asked for may not have said so yet, so that counts after a moment
+            if code == 1 or code == 2 and time.monotonic() - began < NO_STANDBY_AFTER_S or code not in (0, 1, 2):
+                still.append(name)
+        pending = still
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    return not pending

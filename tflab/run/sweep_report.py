@@ -21,6 +21,7 @@ from tflab.run.sweep import Point, SweepSpec, numeric
 log = logging.getLogger("tflab.sweep")
 REPORT = "report.md"
 HPARAMS_DIR = "hparams"
+OUTSIDE_MODEL = ("ps-cpu", "host", "memory")  # limits the alpha-beta model has no term for
 UNITS = {"workers": "workers", "link-rate": "link rate (Mbit/s)", "cpus": "CPUs per node"}
 
 
@@ -57,13 +58,20 @@ def plot(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]]) -> li
         if not lines:
             continue
         figure, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-        for combo, points in sorted(lines.items()):
+        def order(item: tuple) -> tuple:  # legend in the axes' own order of values (20mbit before 100mbit)
+            return tuple(_position(spec, o, v) for o, v in zip(others, item[0]))
+
+        for combo, points in sorted(lines.items(), key=order):
             xs = sorted(points)
             means = [sum(points[x]) / len(points[x]) for x in xs]
             low = [m - min(points[x]) for x, m in zip(xs, means)]
             high = [max(points[x]) - m for x, m in zip(xs, means)]
             name = ", ".join(f"{o}={v}" for o, v in zip(others, combo)) or "measured"
             ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=4, label=name)
+        if axis == "workers":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(UNITS.get(axis, axis))
         ax.set_ylabel(label)
         ax.set_title(f"{spec.name}: {label} against {axis}")
@@ -77,6 +85,13 @@ def plot(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]]) -> li
         plt.close(figure)
         made.append(path)
     return made
+
+
+def _position(spec: SweepSpec, axis: str, value: str) -> int:
+    for a in spec.axes:
+        if a.name == axis and value in a.values:
+            return a.values.index(value)
+    return 0
 
 
 def hparam_value(spec: SweepSpec, axis: str, value: str) -> float | str:
@@ -143,8 +158,10 @@ def predictions(spec: SweepSpec, rows: Sequence[Mapping[str, Any]], strategy: st
         links = sorted({p.link_mbit for p in fitted.points})
         wanted = [int(v) for v in spec.predict.get("workers", ())]
         shown_link = (lambda mbit: f"{mbit:g} Mbit/s") if any(s[2] for s in samples) else (lambda mbit: "unshaped")
+        outside = sorted({str(r.get("limit")).split(":", 1)[0] for r in members
+                          if str(r.get("limit") or "").split(":", 1)[0] in OUTSIDE_MODEL})
         found.append({
-            "group": key or "all points", "fit": fitted, "unit": label,
+            "group": key or "all points", "fit": fitted, "unit": label, "outside": outside,
             "measured": [(p.workers, shown_link(p.link_mbit), p.rate * scale(p.workers),
                           fitted.errors.get((p.workers, p.link_mbit))) for p in fitted.points],
             "predicted": [(n, shown_link(link), fitted.predict(n, link) * scale(n)) for link in links for n in wanted],
@@ -206,6 +223,10 @@ def write_report(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]
                 lines.append(f"| {n} | {link} | {value:.4g} | measured | {f'{err:.0%}' if err is not None else '-'} |")
             for n, link, value in group["predicted"]:
                 lines.append(f"| {n} | {link} | {value:.4g} | **predicted** | - |")
+            if group["outside"]:
+                lines += ["", f"Caution: measured points were limited by {' and '.join(group['outside'])}, which the "
+                              "model has no term for; beyond them its predictions are optimistic (more workers load "
+                              "that limit further)."]
             lines.append("")
     path = folder / REPORT
     path.write_text("\n".join(lines) + "\n")

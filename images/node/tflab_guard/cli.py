@@ -56,7 +56,7 @@ def parser():
 
 HANDLERS = {
     "run": supervise.run, "serve": supervise.serve, "hold": leases.hold, "held": leases.held,
-    "standby": standby.standby, "warm": lambda _args: 0 if standby.ready() else 1,
+    "standby": standby.standby, "warm": standby.warm_state,
     "probe": probe.probe, "alive": probe.alive, "stop": sweep.stop, "ended": memory.ended,
     "metrics": metrics.metrics,
 }

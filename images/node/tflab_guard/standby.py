@@ -33,6 +33,13 @@ def ready():
     return registry.read_pid(KEY) is not None and os.path.exists(socket_path())
 
 
+def warm_state(_args=None):
+    """`warm`'s exit code: 0 the standby is ready, 1 it is being made (importing), 2 there is none."""
+    if ready():
+        return 0
+    return 1 if registry.read_pid(KEY) is not None else 2
+
+
 def send_fds(sock, payload, fds):
     """`payload` and the descriptors `fds` over a unix socket (the descriptors ride on the header)."""
     sock.sendmsg([HEADER.pack(len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
