@@ -19,6 +19,8 @@ from tflab.host import labfiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FIXTURE = [sys.executable, str(REPO / "scripts" / "slurm_cluster.py")]
+HANG = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOSTS##*:}; fi; "
+        "if [ {task_index} = 1 ]; then exec sleep 600; fi; echo 'done here'")
 FAIL = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOSTS##*:}; fi; "
         "if [ {task_index} = 1 ]; then echo 'worker1 gives up'; exit 7; fi; sleep 600")
 ACCURACY = re.compile(r"test accuracy (0\.\d+)")
@@ -65,7 +67,7 @@ def left_on_nodes(name: str, nodes: int) -> dict[str, list[str]]:
 def cluster(labs, runner):
     """A Slurm cluster of four compute nodes sized as a 4-node lab's nodes, the labs' folder shared; and the lab."""
     lab = labs.gen(nodes=4)
-    add_tasks(lab, {"fail": {"command": FAIL, "preload": False}})
+    add_tasks(lab, {"fail": {"command": FAIL, "preload": False}, "hang": {"command": HANG, "preload": False}})
     up = runner.invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     lf = labfiles.open_lab(lab)
@@ -106,6 +108,12 @@ def test_the_rendered_job_trains_on_a_real_slurm_cluster_like_the_lab(cluster, l
     job, output, state = submit(name, lab, "--task", "fail")
     assert state == "FAILED 7:0", output
     assert "[worker1] worker1 gives up" in output and "tflab: worker1 failed (exit 7): the job stops the others" in output
+    assert left_on_nodes(name, 4) == {}
+
+    # a worker still running a grace after the chief finished is reported hung and stopped; the job fails
+    job, output, state = submit(name, lab, "--task", "hang", "--grace", "3")
+    assert state == "FAILED 1:0", output
+    assert "tflab: worker1 still ran 3s after the chief finished: reported hung and stopped" in output
     assert left_on_nodes(name, 4) == {}
 
     # synchronous all-reduce: a lab of three workers (no parameter server) in the same shared folder
