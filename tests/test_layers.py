@@ -81,3 +81,42 @@ def test_the_run_state_machine_imports_with_no_engine() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
     assert "worker0" in done.stdout.splitlines()[0]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every tflab module and the tflab modules it imports, anywhere in it (a function's own imports too)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    paths = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (root / "tflab").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        edges = graph.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tflab"):
+                for alias in node.names:  # `from tflab.cli import runs` imports the module tflab.cli.runs
+                    edges.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths
+                              else node.module)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name.startswith("tflab"))
+    return {m: {e for e in edges if e in paths and e != m} for m, edges in graph.items()}
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    graph = import_graph()
+    assert "tflab.engine.compose_lab" in graph["tflab.engine.sides"]
+    seen: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        seen[module] = 1
+        for other in sorted(graph[module]):
+            if seen.get(other) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(other):] + [other]))
+            if other not in seen:
+                visit(other, path + [other])
+        seen[module] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module, [module])

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from tflab.engine import daemon, run_knobs
-from tflab.engine.backend import VIAS, LabBackend, open_backend
+from tflab.engine.backend import VIAS, LabBackend
+from tflab.engine.sides import open_backend
 from tflab.engine.builds import Progress
 from tflab.engine.faults import FaultInjector
 from tflab.errors import TflabError, UserError

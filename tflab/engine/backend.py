@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import docker
-
 from tflab.engine.builds import Progress
 from tflab.engine.executors import Executor
 from tflab.host.labfiles import LabFiles
@@ -58,14 +56,3 @@ class LabBackend(Protocol):
 
     def logs(self, names: list[str], follow: bool, tail: str) -> Iterator[tuple[str, str]]:
         """(node, line) of the nodes' own logs (sshd, the entrypoint); with `follow`, until interrupted."""
-
-
-def open_backend(lf: LabFiles, client: docker.DockerClient) -> LabBackend:
-    """The engine side of a lab: compose on this host, or an existing swarm (tflab.yaml's `target`)."""
-    if lf.config.target == "swarm":
-        from tflab.engine.swarm_lab import SwarmLab
-
-        return SwarmLab(lf, client)
-    from tflab.engine.compose_lab import ComposeLab
-
-    return ComposeLab(lf, client)

@@ -21,11 +21,11 @@ import docker.errors
 import requests
 import yaml
 
-from tflab.engine import compose_lab as lab_ops
+from tflab.engine import bringup
 from tflab.engine import copying
 from tflab.engine.backend import NodeState
 from tflab.engine.builds import Progress
-from tflab.engine.compose_lab import interactive_exec
+from tflab.engine.bringup import interactive_exec
 from tflab.engine.containers import lab_containers, labelled, lines_of, state_of
 from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
 from tflab.engine.guardcmd import warm_up
@@ -103,7 +103,7 @@ class SwarmLab:
                 "generate the lab with --registry HOST:PORT (`tflab up` pushes the image there)")
         if registry is not None:
             check_registry(registry)  # before a build that may take minutes
-        built = lab_ops.ensure_image(self.lf, self.client, progress)
+        built = bringup.ensure_image(self.lf, self.client, progress)
         if registry is None:
             return built.tag, built.tag
         repository, tag = f"{registry.rstrip('/')}/{built.tag}".rsplit(":", 1)
@@ -138,7 +138,7 @@ class SwarmLab:
         self.check_placements()
         image, local_tag = self.image(progress)
         if len(self._running_tasks()) < len(self.lf.lab.nodes):
-            lab_ops.check_links(self.lf, self.client, local_tag)
+            bringup.check_links(self.lf, self.client, local_tag)
         self.lf.runs_dir.mkdir(parents=True, exist_ok=True)
         self.lf.stack_path.write_text(self.render(image))
         progress.step(f"deploying the stack {self.stack} ({len(self.lf.lab.nodes)} services)")
@@ -153,7 +153,7 @@ class SwarmLab:
             raise EngineError(f"docker stack deploy failed: {exc.output.strip().splitlines()[-1] if exc.output.strip() else exc}") from exc
         self.wait_running(progress)
         targets = self.ssh_targets()
-        lab_ops.wait_ready(targets, self.local_containers(), progress)
+        bringup.wait_ready(targets, self.local_containers(), progress)
         copied = copying.copy_changed(self.lf, self.copy_targets(targets), progress)
         if self.lf.warm:
             warm_up(self.executor(list(targets)), list(targets))
@@ -201,7 +201,7 @@ class SwarmLab:
         """`docker stack rm`, then wait until its tasks' containers and its network are gone."""
         swarm = self.client.info().get("Swarm") or {}
         if swarm.get("LocalNodeState") != "active":
-            return lab_ops.down(self.stack, self.client)  # no swarm: whatever is left is plain containers
+            return bringup.down(self.stack, self.client)  # no swarm: whatever is left is plain containers
         services = self._services()
         label = {"label": f"tflab.lab={self.stack}"}
         networks = len(self.client.networks.list(filters=label))
