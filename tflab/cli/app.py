@@ -68,7 +68,7 @@ class TflabGroup(TyperGroup):
                 raise _Carried(exc).with_traceback(exc.__traceback__) from None
             raise
 
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,  # type: ignore[override]
              standalone_mode: bool = True, **extra: Any) -> Any:
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
@@ -85,15 +85,15 @@ class TflabGroup(TyperGroup):
             click.echo("tflab: interrupted", err=True)
             sys.exit(130)
         except Exception as carried:  # noqa: BLE001 - the boundary: every error becomes a sentence
-            exc = carried.error if isinstance(carried, _Carried) else carried
-            if isinstance(exc, StdoutClosed) or (isinstance(exc, OSError) and exc.errno == errno.EPIPE
-                                                 and stdout_is_closed()):
+            error = carried.error if isinstance(carried, _Carried) else carried
+            if isinstance(error, StdoutClosed) or (isinstance(error, OSError) and error.errno == errno.EPIPE
+                                                   and stdout_is_closed()):
                 # Whoever read our output is gone (`| head`): as quiet as any Unix tool.
                 silence_stdout()
                 sys.exit(141)
-            message, code = explain(exc)
+            message, code = explain(error)
             if SETTINGS.verbose:
-                traceback.print_exception(exc)
+                traceback.print_exception(error)
             click.echo(f"tflab: error: {message}", err=True)
             sys.exit(code)
         sys.exit(result if isinstance(result, int) else 0)

@@ -151,13 +151,13 @@ def gen(
                  else cfg.tasks_from_text(examples[cfg.LAB_FILE].decode(), "tflab's examples"))
         code = cfg.CODE_DIR
     else:
-        code = lab_relative(code, root, "--code")
+        code = lab_relative(code, root, "--code") or cfg.CODE_DIR
         tasks = labfiles.code_tasks((root / code).resolve())
     if data is None:
         scaffold[cfg.DATA_DIR] = resources.example_data()
         data = cfg.DATA_DIR
     else:
-        data = lab_relative(data, root, "--data")
+        data = lab_relative(data, root, "--data") or cfg.DATA_DIR
     if target != "swarm" and (place or registry):
         raise UserError("--place and --registry are for swarm labs: add --target swarm")
     if target == "swarm":

@@ -140,7 +140,7 @@ def run(
     terminal = None if detached_child else console()
     with stop_signals(lambda reason, force: prepared.interrupt(reason, force)):
         result, data, session = execute_run(lf, prepared, terminal, detached=detached_child)
-    out = err_console() if session.sink.broken or terminal is None else console()
+    out = err_console() if getattr(session.sink, "broken", False) or terminal is None else console()
     show_verdict(out, lf, data, session.folder)
     raise typer.Exit(result.finish.exit_code)
 
@@ -306,8 +306,8 @@ def wait_until_started(child, folder: Path, log_path: Path, task: str, wait_s: f
     deadline = clock() + wait_s
     while clock() < deadline:
         data = history.load(folder)
-        mine = data is not None and data.get("pid") == child.pid
-        if mine and data.get("state") in ("running", "stopping", "finished"):
+        if data is not None and data.get("pid") == child.pid and data.get("state") in ("running", "stopping",
+                                                                                        "finished"):
             return data
         if child.poll() is not None:
             data = history.load(folder)

@@ -83,7 +83,7 @@ def snapshot_json(lf: LabFiles, snap: Snapshot, activity: dict[str, tuple[str, f
     for node in lf.lab.nodes:
         figures = snap.nodes.get(node.name)
         task, rate = activity.get(node.name, (None, None))
-        row = figures.as_dict() if figures is not None else {"node": node.name}
+        row: dict[str, Any] = figures.as_dict() if figures is not None else {"node": node.name}
         row.update(role=node.job, task=task, steps_per_s=rate)
         nodes.append(row)
     return {"lab": lf.config.name, "time": round(snap.t, 3),

@@ -77,8 +77,8 @@ def gpu_map(lab: Lab, host_gpus: Sequence[Gpu]) -> Text | None:
         return None
     owners: dict[int, list[int]] = {}
     for number, node in enumerate(lab.nodes):
-        for gpu in node.gpus:
-            owners.setdefault(gpu, []).append(number)
+        for index in node.gpus:
+            owners.setdefault(index, []).append(number)
     picture = Text("GPU map\n", style="bold")
     for gpu in host_gpus:
         picture.append(f"  GPU {gpu.index:<2} ")
@@ -195,7 +195,7 @@ def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
         state = data.get("state")
         if state == "finished":
             verdict = data.get("verdict") or "-"
-        elif history.is_live(data):
+        elif history.is_live(dict(data)):
             verdict = state or "running"
         else:
             verdict = "abandoned"

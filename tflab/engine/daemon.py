@@ -60,11 +60,11 @@ def _installed_beside() -> list[Path]:
     folders = [Path(sys.executable).parent]
     for scheme in (None, f"{os.name}_user"):
         try:
-            folder = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path("scripts")
+            script_dir = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path("scripts")
         except KeyError:
             continue
-        if folder:
-            folders.append(Path(folder))
+        if script_dir:
+            folders.append(Path(script_dir))
     found = []
     for folder in folders:
         path = folder / "docker-compose"

@@ -94,7 +94,7 @@ def figures(node: str, before: Mapping[str, Any], now: Mapping[str, Any], host_c
 
     cpu_ns, periods, throttled = delta("cpu_ns"), delta("periods"), delta("throttled")
     rx, tx = delta("rx"), delta("tx")
-    owned = now.get("quota") or None
+    owned: float | None = now.get("quota") or None
     if owned is None and now.get("cpuset") and now["cpuset"] < host_cpus:
         owned = float(now["cpuset"])
     gpus = tuple(
@@ -105,7 +105,7 @@ def figures(node: str, before: Mapping[str, Any], now: Mapping[str, Any], host_c
         node=node, t=float(now["t"]),
         cpu_used=None if cpu_ns is None else cpu_ns / 1e9 / elapsed,
         cpu_owned=owned if owned is not None else (float(host_cpus) if host_cpus else None),
-        throttled=(throttled / periods) if periods else (0.0 if periods == 0 and owned else None),
+        throttled=(throttled / periods) if periods and throttled is not None else (0.0 if periods == 0 and owned else None),
         memory_mb=None if now.get("mem") is None else now["mem"] / 2**20,
         memory_limit_mb=None if now.get("mem_limit") is None else now["mem_limit"] / 2**20,
         rx_mbit=None if rx is None else rx * 8 / elapsed / 1e6,

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -159,7 +160,7 @@ class SwarmLab:
             warm_up(self.executor(list(targets)), list(targets))
         return copied
 
-    def _services(self) -> dict[str, object]:
+    def _services(self) -> dict[str, Any]:
         found = self.client.services.list(filters={"label": f"tflab.lab={self.stack}"})
         return {s.attrs["Spec"]["Labels"].get("tflab.node", s.name): s for s in found}
 

@@ -75,9 +75,9 @@ def parse_apt_sources(files: Mapping[str, str]) -> AptMirror:
                             return AptMirror(uri.rstrip("/"), suite)
         else:
             for line in text.splitlines():
-                line = re.sub(r"\[[^\]]*\]", "", line.split("#", 1)[0]).split()
-                if len(line) >= 3 and line[0] == "deb" and "-" not in line[2] and "/" not in line[2]:
-                    return AptMirror(line[1].rstrip("/"), line[2])
+                words = re.sub(r"\[[^\]]*\]", "", line.split("#", 1)[0]).split()
+                if len(words) >= 3 and words[0] == "deb" and "-" not in words[2] and "/" not in words[2]:
+                    return AptMirror(words[1].rstrip("/"), words[2])
     raise UserError(
         "no Debian or Ubuntu archive found in the host's apt sources "
         "(/etc/apt/sources.list, /etc/apt/sources.list.d); the local base needs one"

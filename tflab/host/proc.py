@@ -39,6 +39,7 @@ class Runner(Protocol):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         input: str | None = None,
+        timeout: float | None = None,
     ) -> str: ...
 
 

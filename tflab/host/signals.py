@@ -6,7 +6,7 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-REASONS = {
+REASONS: dict[int, str] = {
     signal.SIGINT: "interrupted (Ctrl-C)",
     signal.SIGTERM: "stopped (SIGTERM)",
     signal.SIGHUP: "the terminal closed (SIGHUP)",

@@ -327,6 +327,21 @@ class _Reader:
             raise self.fail(name, f"must be at most {maximum}, not {value}")
         return value
 
+    def whole(self, doc: dict, key: str, where: str, default: int, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+        """A whole number that must be there (null is refused, not taken for the default)."""
+        value = self.integer(doc, key, where, default, minimum, maximum)
+        if value is None:
+            raise self.fail(f"{where}.{key}" if where else key, "must be a whole number, not null")
+        return value
+
+    def text(self, doc: dict, key: str, where: str, default: str) -> str:
+        """A text that must be there (null is refused, not taken for the default)."""
+        value = self.string(doc, key, where, default)
+        if value is None:
+            raise self.fail(f"{where}.{key}" if where else key, "must be a text, not null")
+        return value
+
     def boolean(self, doc: dict, key: str, where: str, default: bool) -> bool:
         value = doc.get(key, default)
         if not isinstance(value, bool):
@@ -497,7 +512,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)  # type: ignore[type-var]
 
 
 def load_yaml(text: str, source: str) -> Any:
@@ -529,16 +544,16 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
     swarm = read.mapping(doc.get("swarm"), "swarm", SWARM_KEYS)
 
     topology = Topology(
-        nodes=read.integer(topo, "nodes", "topology", 1, minimum=1, maximum=4096),
+        nodes=read.whole(topo, "nodes", "topology", 1, minimum=1, maximum=4096),
         ps=read.integer(topo, "ps", "topology", None, minimum=0),
         chief=read.boolean(topo, "chief", "topology", False),
         evaluator=read.boolean(topo, "evaluator", "topology", False),
-        gpus_per_node=read.integer(topo, "gpus_per_node", "topology", 0, minimum=0),
+        gpus_per_node=read.whole(topo, "gpus_per_node", "topology", 0, minimum=0),
         share_gpus=read.boolean(topo, "share_gpus", "topology", False),
-        ssh_port_base=read.integer(ports, "ssh_base", "ports", SSH_PORT_BASE, minimum=1, maximum=65535),
-        tensorboard_port_base=read.integer(ports, "tensorboard_base", "ports", TENSORBOARD_PORT_BASE,
-                                           minimum=1, maximum=65535),
-        bind=read.string(ports, "bind", "ports", LOOPBACK),
+        ssh_port_base=read.whole(ports, "ssh_base", "ports", SSH_PORT_BASE, minimum=1, maximum=65535),
+        tensorboard_port_base=read.whole(ports, "tensorboard_base", "ports", TENSORBOARD_PORT_BASE,
+                                         minimum=1, maximum=65535),
+        bind=read.text(ports, "bind", "ports", LOOPBACK),
         cpus_per_node=_choice(read, topo, "cpus_per_node", machines.check_cpu_choice),
         memory_per_node=_choice(read, topo, "memory_per_node", machines.check_memory_choice),
     )

@@ -74,7 +74,7 @@ def cpu_list(cpus: Sequence[int]) -> str:
     ordered = sorted(set(cpus))
     start = prev = None
     for cpu in ordered + [None]:  # type: ignore[list-item]
-        if start is not None and (cpu is None or cpu != prev + 1):
+        if start is not None and (cpu is None or cpu != (prev or 0) + 1):
             parts.append(f"{start}" if start == prev else f"{start}-{prev}")
             start = None
         if cpu is not None and start is None:
@@ -181,7 +181,8 @@ def cpusets(per_node: int, blocks: Sequence[tuple[int, ...]], host: HostFacts) -
     out: list[tuple[tuple[int, ...], int | None]] = [((), None)] * len(blocks)
     for i in order:
         taken: list[int] = []
-        preference = [wanted[i]] if wanted[i] in free else []
+        home = wanted[i]
+        preference: list[int] = [home] if home is not None and home in free else []
         preference += sorted((n for n in free if n not in preference), key=lambda n: (-len(free[n]), n))
         for numa in preference:
             need = per_node - len(taken)

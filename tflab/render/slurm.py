@@ -58,10 +58,6 @@ def _cpus(node: Node, host_cpus: int) -> int:
     return max(1, math.ceil(owned)) if owned is not None else max(1, host_cpus or 1)
 
 
-def _memory(node: Node) -> str | None:
-    return f"{node.machine.memory_mib}M" if node.machine.memory_mib else None
-
-
 def _q(text: str) -> str:
     return shlex.quote(text)
 
@@ -113,7 +109,7 @@ def render(config: cfg.LabConfig, lab: Lab, task: cfg.Task, container: str = "no
                         "through --gres")
     host_cpus = len(config.host.cpus)
     cpus = max(_cpus(n, host_cpus) for n in lab.nodes)
-    memory = {_memory(n) for n in lab.nodes} - {None}
+    memory = [n.machine.memory_mib for n in lab.nodes if n.machine.memory_mib]
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"tflab-{config.name}-{task.name}")[:64]
     if container == "pyxis" and not image:
         raise UserError("--container pyxis needs --image: the node image as enroot reaches it (a registry the "
@@ -134,7 +130,7 @@ def render(config: cfg.LabConfig, lab: Lab, task: cfg.Task, container: str = "no
         f"#SBATCH --cpus-per-task={cpus}",
     ]
     if memory:
-        lines.append(f"#SBATCH --mem={max(int(m[:-1]) for m in memory)}M")
+        lines.append(f"#SBATCH --mem={max(memory)}M")
     if most_gpus:
         lines.append(f"#SBATCH --gres=gpu:{most_gpus}")
     if partition:

@@ -108,7 +108,7 @@ class Launcher:
     """Runs one task across the lab through an executor, to the machine's verdict."""
 
     def __init__(self, executor: Executor, plan: RunPlan, setup: RunSetup, sink: Sink,
-                 on_state: Callable[[str, RunMachine], None] | None = None,
+                 on_state: Callable[[str, RunMachine], object] | None = None,
                  clock: Callable[[], float] = time.monotonic, injector: Injector | None = None) -> None:
         self.executor = executor
         self.plan = plan

@@ -77,7 +77,7 @@ class SweepSpec:
 
     def points(self) -> list[Point]:
         grid = itertools.product(*(axis.values for axis in self.axes)) if self.axes else [()]
-        points = []
+        points: list[Point] = []
         for combo in grid:
             for repeat in range(1, self.repeats + 1):
                 values = {axis.name: value for axis, value in zip(self.axes, combo)}

@@ -63,7 +63,7 @@ class TaskRun:
         rate = lf.config.links.rate if knobs.link_rate is None else knobs.link_rate
         shaped = rate is not None and rate != knob_rules.UNSHAPED
         self.watch = (ClusterWatch(executor, lab, self.folder, self.launcher.machine, host_cpus,
-                                   link_mbit=links.rate_bits(rate) / 1e6 if shaped else None)
+                                   link_mbit=links.rate_bits(rate) / 1e6 if rate is not None and shaped else None)
                       if options.metrics else None)
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
