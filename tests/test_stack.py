@@ -110,3 +110,27 @@ def test_a_registry_that_does_not_answer_is_one_line_and_one_that_answers_passes
         check_registry(f"127.0.0.1:{port}/team", timeout_s=1)
     assert str(refused.value) == (f"the registry 127.0.0.1:{port} does not answer (ConnectionError); start it, "
                                   "or make the lab with the --registry every swarm node pulls from")
+
+
+def test_the_compose_file_and_the_stack_file_agree_on_every_setting_both_take(tmp_path: Path) -> None:
+    """One node block (templates/_node.j2) in both files: what a node is does not depend on the engine."""
+    lf, doc = stack(tmp_path, links=Links(rate="1gbit"), memlock=-1)
+    compose = yaml.safe_load(templates.compose_file(lf.lab, lf.config, lf.root, "tflab-node:abc", project="ref"))
+    shared = ("image", "hostname", "init", "working_dir", "healthcheck", "cap_add", "networks")
+    for node in lf.lab.names:
+        ours, theirs = compose["services"][node], doc["services"][node]
+        for key in shared:
+            assert ours[key] == theirs[key], (node, key)
+        for label in ("tflab.node", "tflab.role", "tflab.gpus"):
+            assert ours["labels"][label] == theirs["labels"][label]
+        # the stack adds only what the swarm needs instead of devices: NVIDIA_VISIBLE_DEVICES
+        assert {k: v for k, v in theirs["environment"].items() if k != "NVIDIA_VISIBLE_DEVICES"} == ours["environment"]
+        # the same folders (the stack's paths absolute: a swarm resolves none), the lab's key aside: a secret there
+        def folders(volumes: list) -> list:
+            return [{**v, "source": str((lf.root / v["source"]).resolve())} for v in volumes
+                    if v["type"] == "bind" and v["target"] != "/etc/tflab/keys"]
+
+        assert folders(theirs["volumes"]) == folders(ours["volumes"])
+        assert {"source": "lab_key", "target": "tflab_id_ed25519", "mode": 0o400} in theirs["secrets"]
+        # memlock both take; the compose file's stack size is one stack deploy (on Docker before 23) drops
+        assert theirs["ulimits"]["memlock"] == ours["ulimits"]["memlock"] == -1
