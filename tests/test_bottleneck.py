@@ -95,7 +95,9 @@ def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> N
     from tflab.engine.metrics import Snapshot
     from tflab.plan.topology import Topology, plan
     from tflab.run.cluster import ClusterWatch
-    from tflab.run.machine import Began, Output, RunMachine, RunPlan, Serving
+    from tflab.run.events import Began, Printed, Serving
+    from tflab.run.runplan import RunPlan
+    from tflab.run.machine import RunMachine
 
     from tflab.plan.machines import HostFacts
 
@@ -112,7 +114,7 @@ def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> N
 
     for t in range(5):
         watch._snapshot(snap(float(t), 0.1))  # importing: no step yet
-    machine.handle(Output("worker0", 5.0, 1))
+    machine.handle(Printed("worker0", 5.0, 1))
     for t in range(5, 10):
         watch._snapshot(snap(float(t), 0.97))
     assert watch.stop() == Limit("ps-cpu", "ps0 at 97% of its 0.5 CPU; workers at 20% of theirs")

@@ -6,10 +6,25 @@ import pytest
 
 from tflab.errors import UserError
 from tflab.plan.faults import Fault, check_expectation, parse
-from tflab.run.machine import (
-    Began, Exited, Finish, Heal, Healed, Inject, Injected, Output, Revive, Revived, RunMachine, RunPlan, Say,
-    Serving, Start, Stop, Tick,
+from tflab.run.events import (
+    Began,
+    Exited,
+    Finish,
+    Heal,
+    Healed,
+    Inject,
+    Injected,
+    Printed,
+    Revive,
+    Revived,
+    Say,
+    Serving,
+    Start,
+    Stop,
+    Tick,
 )
+from tflab.run.runplan import RunPlan
+from tflab.run.machine import RunMachine
 
 NODES = ["ps0", "worker0", "worker1", "worker2"]
 
@@ -71,14 +86,14 @@ def started(plan: RunPlan) -> RunMachine:
 
 def test_a_fault_hits_at_its_step_once() -> None:
     machine = started(ps_plan("pause worker2 at step 100 for 15s"))
-    assert Inject(0) not in feed(machine, [Output("worker0", 6.0, 90)])
-    assert feed(machine, [Output("worker1", 7.0, 104)]) == [Inject(0)]
+    assert Inject(0) not in feed(machine, [Printed("worker0", 6.0, 90)])
+    assert feed(machine, [Printed("worker1", 7.0, 104)]) == [Inject(0)]
     said = feed(machine, [Injected(0, 7.1, "paused worker2 (frozen: the cgroup freezer)")])
-    assert feed(machine, [Output("worker0", 7.5, 120)]) == [], "once"
+    assert feed(machine, [Printed("worker0", 7.5, 120)]) == [], "once"
     assert said == [Say("drill: paused worker2 (frozen: the cgroup freezer) at step 104 (planned at step 100)")]
     assert feed(machine, [Tick(20.0)]) == []
     assert feed(machine, [Tick(22.2)]) == [Heal(0)]
-    feed(machine, [Output("worker0", 22.8, 900), Healed(0, 23.0, "unpaused worker2")])
+    feed(machine, [Printed("worker0", 22.8, 900), Healed(0, 23.0, "unpaused worker2")])
     row = machine.drills.rows(0.0)[0]
     assert (row["hit_step"], row["healed"], row["during"]["worker0"]) == (104, "unpaused worker2", [90, 900])
     assert row["during"]["worker1"] == [104, 104]
@@ -92,7 +107,7 @@ def test_a_fault_at_a_time_counts_from_the_release() -> None:
 
 def test_a_killed_worker_that_comes_back_survives_the_drill() -> None:
     machine = started(ps_plan("kill worker1 at step 50 then restart", expect="survive"))
-    feed(machine, [Output("worker0", 6.0, 50)])
+    feed(machine, [Printed("worker0", 6.0, 50)])
     actions = feed(machine, [Injected(0, 6.1, "killed worker1 (its machine)")])
     assert Revive("worker1") in actions
     assert feed(machine, [Exited("worker1", None, 6.2, "its container stopped")]) == [], "the drill's doing"
@@ -106,20 +121,20 @@ def test_a_killed_worker_that_comes_back_survives_the_drill() -> None:
 
 def test_a_killed_worker_not_coming_back_is_done_without() -> None:
     machine = started(ps_plan("kill worker2 at step 50", expect="survive"))
-    feed(machine, [Output("worker0", 6.0, 60), Injected(0, 6.1, "killed worker2"), Exited("worker2", None, 6.2)])
+    feed(machine, [Printed("worker0", 6.0, 60), Injected(0, 6.1, "killed worker2"), Exited("worker2", None, 6.2)])
     actions = feed(machine, [Exited("worker0", 0, 20.0), Exited("worker1", 0, 21.0)])
     assert Finish(0, "ok", None) in actions and machine.nodes["worker2"].verdict == "killed"
 
 
 def test_a_drill_expected_to_fail_that_fails_is_ok_and_one_that_survives_is_not() -> None:
     machine = started(ps_plan("kill ps0 at step 50", expect="fail"))
-    feed(machine, [Output("worker0", 6.0, 60), Injected(0, 6.1, "killed ps0")])
+    feed(machine, [Printed("worker0", 6.0, 60), Injected(0, 6.1, "killed ps0")])
     actions = feed(machine, [Exited("ps0", None, 6.2, "its container stopped"), Exited("worker1", 1, 8.0)])
     finish = next(a for a in actions if isinstance(a, Finish))
     assert (finish.exit_code, finish.verdict) == (0, "ok")
     assert finish.problem.startswith("as expected, the drill broke the training: worker1 failed with exit code 1")
     survivor = started(ps_plan("pause worker2 at step 10 for 1s", expect="fail"))
-    feed(survivor, [Output("worker0", 6.0, 10), Injected(0, 6.1, "paused worker2")])
+    feed(survivor, [Printed("worker0", 6.0, 10), Injected(0, 6.1, "paused worker2")])
     done = feed(survivor, [Exited("worker0", 0, 9.0), Exited("worker1", 0, 9.0), Exited("worker2", 0, 9.5)])
     assert Finish(1, "survived", "the training finished despite the drill (pause worker2 at step 10 (planned at "
                                  "step 10)); it was expected to fail") in done
@@ -133,7 +148,7 @@ def test_a_drill_that_never_hit_is_no_drill() -> None:
 
 def test_a_drilled_run_that_stops_progressing_ends_naming_the_drill() -> None:
     machine = started(ps_plan("cut ps0 at step 100 for 10s"))
-    feed(machine, [Output("worker0", 6.0, 100), Injected(0, 6.1, "cut ps0 off"), Tick(16.2), Healed(0, 16.3, "ok")])
+    feed(machine, [Printed("worker0", 6.0, 100), Injected(0, 6.1, "cut ps0 off"), Tick(16.2), Healed(0, 16.3, "ok")])
     assert [a for a in feed(machine, [Tick(70.0)]) if isinstance(a, Finish)] == []
     actions = feed(machine, [Tick(76.4)])
     finish = next(a for a in actions if isinstance(a, Finish))
@@ -145,8 +160,8 @@ def test_a_drilled_run_that_stops_progressing_ends_naming_the_drill() -> None:
 def test_output_tflab_cannot_read_as_steps_is_no_stall() -> None:
     # issue 30.1: a worker printing lines of its own (no step in them) after a drill is training on
     machine = started(ps_plan("pause worker0 at 5s for 2s"))
-    feed(machine, [Output("worker1", 6.0, 100), Injected(0, 10.0, "paused worker0"), Healed(0, 12.0, "ok")])
-    quiet = [Output("worker1", float(t)) for t in range(20, 140, 10)]  # lines, no step read from them
+    feed(machine, [Printed("worker1", 6.0, 100), Injected(0, 10.0, "paused worker0"), Healed(0, 12.0, "ok")])
+    quiet = [Printed("worker1", float(t)) for t in range(20, 140, 10)]  # lines, no step read from them
     assert [a for a in feed(machine, [*quiet, Tick(135.0)]) if isinstance(a, Finish)] == []
     finish = next(a for a in feed(machine, [Tick(131.0 + 60.0)]) if isinstance(a, Finish))
     assert finish.problem.startswith("no worker made progress in 60s"), "silence still ends a stalled drill"
@@ -157,7 +172,7 @@ def test_an_allreduce_worker_lost_restarts_every_worker_from_its_backup() -> Non
                    faults=(parse("kill worker1 at step 50", ["worker0", "worker1", "worker2", "worker3"]),),
                    restarts=1, gang_restart=True)
     machine = RunMachine(plan)
-    feed(machine, [Began(0.0), Output("worker0", 5.0, 50)])
+    feed(machine, [Began(0.0), Printed("worker0", 5.0, 50)])
     feed(machine, [Injected(0, 5.1, "killed worker1")])
     actions = feed(machine, [Exited("worker1", None, 5.2, "its container stopped")])
     assert Revive("worker1") in actions and Stop(("worker0", "worker2", "worker3")) in actions
@@ -175,7 +190,7 @@ def test_a_whole_restart_waits_for_the_last_worker_whichever_comes_last() -> Non
     plan = RunPlan(servers=(), finishers=("worker0", "worker1"), chief="worker0",
                    faults=(parse("kill worker1 at step 50", ["worker0", "worker1"]),), restarts=1, gang_restart=True)
     machine = RunMachine(plan)
-    feed(machine, [Began(0.0), Output("worker0", 5.0, 50), Injected(0, 5.1, "killed worker1"),
+    feed(machine, [Began(0.0), Printed("worker0", 5.0, 50), Injected(0, 5.1, "killed worker1"),
                    Exited("worker1", None, 5.2, "its container stopped")])
     assert not [a for a in feed(machine, [Revived("worker1", 6.0)]) if isinstance(a, Start)], "worker0 still runs"
     assert Start(("worker0", "worker1"), attempt=2) in feed(machine, [Exited("worker0", 1, 7.0)])
@@ -184,7 +199,7 @@ def test_a_whole_restart_waits_for_the_last_worker_whichever_comes_last() -> Non
 def test_a_kill_whose_exit_is_seen_before_the_injector_answers_is_still_the_drills() -> None:
     """The killed node's stream ends while `docker kill` returns: that exit is the drill's, never a failure."""
     machine = started(ps_plan("kill worker1 at step 50 then restart", expect="survive"))
-    assert feed(machine, [Output("worker0", 6.0, 50)]) == [Inject(0)]
+    assert feed(machine, [Printed("worker0", 6.0, 50)]) == [Inject(0)]
     assert feed(machine, [Exited("worker1", 137, 6.05)]) == [], "held until the injector answers"
     actions = feed(machine, [Injected(0, 6.1, "killed worker1 (its machine)")])
     assert Revive("worker1") in actions and not any(isinstance(a, (Finish, Stop)) for a in actions), actions
@@ -196,7 +211,7 @@ def test_a_kill_whose_exit_is_seen_before_the_injector_answers_is_still_the_dril
 
 def test_an_exit_held_for_a_drill_that_could_not_be_done_is_a_failure_after_all() -> None:
     machine = started(ps_plan("kill worker1 at step 50"))
-    feed(machine, [Output("worker0", 6.0, 50), Exited("worker1", 1, 6.05)])
+    feed(machine, [Printed("worker0", 6.0, 50), Exited("worker1", 1, 6.05)])
     actions = feed(machine, [Injected(0, 6.1, error="no such container")])
     assert machine.nodes["worker1"].verdict == "failed"
     assert any(isinstance(a, Finish) and a.exit_code == 1 for a in actions), actions
@@ -205,7 +220,7 @@ def test_an_exit_held_for_a_drill_that_could_not_be_done_is_a_failure_after_all(
 @pytest.mark.parametrize("exit_first", [True, False])
 def test_a_rebooted_node_starts_again_whichever_comes_first(exit_first: bool) -> None:
     machine = started(ps_plan("restart worker1 at step 50", expect="survive"))
-    assert feed(machine, [Output("worker0", 6.0, 50)]) == [Inject(0)]
+    assert feed(machine, [Printed("worker0", 6.0, 50)]) == [Inject(0)]
     events = [Exited("worker1", 137, 6.05), Injected(0, 8.0, "rebooted worker1")]
     actions = feed(machine, events if exit_first else events[::-1])
     assert Start(("worker1",), attempt=2) in actions, actions

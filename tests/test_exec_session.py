@@ -11,7 +11,7 @@ from pathlib import Path
 from tflab.run import history
 from tflab.run.exec_session import ExecSession, ExecSetup
 from tflab.run.history import ExecRecords
-from tflab.run.machine import RunPlan
+from tflab.run.runplan import RunPlan
 
 
 class FakeProcess:

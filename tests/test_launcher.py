@@ -14,7 +14,7 @@ from tflab.plan.config import Task
 from tflab.plan.tasks import servers_for_exec, start_order
 from tflab.plan.topology import Topology, plan
 from tflab.run.launcher import Launcher, RunSetup
-from tflab.run.machine import RunPlan, run_plan
+from tflab.run.runplan import RunPlan, run_plan
 
 
 class FakeProcess:

@@ -159,3 +159,15 @@ def test_real_tqdm_output_is_read_as_it_moves() -> None:
     parts = splitter.feed((FIXTURES / "tqdm.txt").read_bytes()) + splitter.rest()
     steps = [r.step for r in map(reader.read, parts) if r]
     assert steps[0] == 0 and steps[-1] == 50 and steps == sorted(steps) and len(steps) >= 40, steps
+
+
+def test_a_worker_outliving_the_chiefs_coordination_service_is_recognised() -> None:
+    """Captured from a 0.1-CPU MultiWorkerMirroredStrategy worker (TF 2.21) that ended after the chief."""
+    from tflab.plan.progress import LEADER_GONE, is_noise, tensorflow_error
+
+    lines = (FIXTURES / "mwms_worker_outlives_chief.txt").read_text().splitlines()
+    assert len(lines) == 3
+    assert LEADER_GONE.search(lines[0]) and LEADER_GONE.search(lines[1])
+    assert all(tensorflow_error(line) and not is_noise(line) for line in lines)  # shown, but no program's result
+    assert not tensorflow_error("worker2: final loss 0.031318 test accuracy 0.9694")
+    assert not LEADER_GONE.search("worker2: final loss 0.031318 test accuracy 0.9694")

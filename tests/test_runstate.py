@@ -6,21 +6,21 @@ import random
 
 import pytest
 
-from tflab.run.machine import (
+from tflab.run.events import (
     Began,
     Exited,
     Finish,
-    Interrupted,
-    Output,
+    Interrupt,
+    Printed,
     Release,
-    RunMachine,
-    RunPlan,
     Say,
     Serving,
     Start,
     Stop,
     Tick,
 )
+from tflab.run.runplan import RunPlan
+from tflab.run.machine import RunMachine
 
 PLAN = RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0",
                task_index={"worker0": 0, "worker1": 1, "worker2": 2})
@@ -74,7 +74,7 @@ def test_workers_ending_at_the_same_instant_are_all_ok_in_any_order() -> None:
     for _ in range(1000):
         machine = started()
         events = [Exited(w, 0, 30.0) for w in ("worker0", "worker1", "worker2")]
-        events += [Output(w, 29.9, rng.randrange(1500)) for w in ("worker0", "worker1", "worker2")]
+        events += [Printed(w, 29.9, rng.randrange(1500)) for w in ("worker0", "worker1", "worker2")]
         events.append(Tick(30.0))
         rng.shuffle(events)
         actions = feed(machine, events)
@@ -132,7 +132,7 @@ def test_a_server_that_never_serves_fails_the_run_after_the_ready_timeout() -> N
 
 def test_a_silent_worker_after_the_chief_is_hung_and_stopped() -> None:
     machine = started()
-    feed(machine, [Output("worker2", 8.0, 10), Output("worker2", 9.0, 20), Exited("worker0", 0, 10.0),
+    feed(machine, [Printed("worker2", 8.0, 10), Printed("worker2", 9.0, 20), Exited("worker0", 0, 10.0),
                    Exited("worker1", 0, 10.0)])
     assert machine.handle(Tick(39.0)) == []
     actions = machine.handle(Tick(40.5))
@@ -146,9 +146,9 @@ def test_a_silent_worker_after_the_chief_is_hung_and_stopped() -> None:
 
 def test_a_worker_still_printing_steps_after_the_chief_is_not_hung() -> None:
     machine = started()
-    feed(machine, [Output("worker1", 9.0, 1), Exited("worker0", 0, 10.0), Exited("worker2", 0, 10.0)])
+    feed(machine, [Printed("worker1", 9.0, 1), Exited("worker0", 0, 10.0), Exited("worker2", 0, 10.0)])
     for t in range(11, 80):
-        assert machine.handle(Output("worker1", float(t), t)) == []
+        assert machine.handle(Printed("worker1", float(t), t)) == []
         assert machine.handle(Tick(t + 0.5)) == []
     assert machine.handle(Exited("worker1", 0, 80.0))[-1] == Finish(0, "ok")
 
@@ -156,11 +156,11 @@ def test_a_worker_still_printing_steps_after_the_chief_is_not_hung() -> None:
 def test_a_late_worker_ending_35s_after_the_chief_is_ok() -> None:
     # worker2 asked before the chief was ready and slept through TF's 30 s recovery wait.
     machine = started()
-    feed(machine, [Output("worker2", 6.0, None), Output("worker0", 7.0, 0), Exited("worker0", 0, 10.0),
+    feed(machine, [Printed("worker2", 6.0, None), Printed("worker0", 7.0, 0), Exited("worker0", 0, 10.0),
                    Exited("worker1", 0, 10.0)])
     for t in range(11, 45):
         assert machine.handle(Tick(float(t))) == []
-    feed(machine, [Output("worker2", 40.0, 1500)])
+    feed(machine, [Printed("worker2", 40.0, 1500)])
     actions = machine.handle(Exited("worker2", 0, 45.0))
     assert actions == [Stop(("ps0",)), Finish(0, "ok")]
     assert verdicts(machine) == {"ps0": "served", "worker0": "ok", "worker1": "ok", "worker2": "ok"}
@@ -168,7 +168,7 @@ def test_a_late_worker_ending_35s_after_the_chief_is_ok() -> None:
 
 def test_a_late_worker_still_waiting_is_the_classic_hang_with_its_cure() -> None:
     machine = started()
-    feed(machine, [Output("worker2", 6.0, None), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0)])
+    feed(machine, [Printed("worker2", 6.0, None), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0)])
     assert machine.handle(Tick(69.0)) == []  # the recovery wait (30 s) and the grace (30 s) are its due
     assert machine.handle(Tick(70.5)) == [Stop(("worker2",))]
     actions = machine.handle(Exited("worker2", 143, 71.0))
@@ -192,19 +192,19 @@ def test_the_timeout_stops_everything() -> None:
 
 def test_an_interrupt_stops_everything_and_a_second_one_forces() -> None:
     machine = started()
-    actions = machine.handle(Interrupted(12.0, "interrupted (Ctrl-C)"))
+    actions = machine.handle(Interrupt(12.0, "interrupted (Ctrl-C)"))
     assert actions == [Stop(("ps0", "worker0", "worker1", "worker2")),
                        Finish(130, "interrupted", "interrupted (Ctrl-C)")]
     assert set(verdicts(machine).values()) == {"interrupted"}
     machine.handle(Exited("worker0", 143, 12.5))
-    assert machine.handle(Interrupted(13.0, "interrupted (Ctrl-C)", force=True)) == [
+    assert machine.handle(Interrupt(13.0, "interrupted (Ctrl-C)", force=True)) == [
         Stop(("ps0", "worker1", "worker2"), force=True)]
 
 
 def test_an_interrupt_while_the_servers_start_stops_the_held_workers_too() -> None:
     machine = RunMachine(PLAN)
     machine.handle(Began(0.0))
-    actions = machine.handle(Interrupted(1.0, "the output pipe closed"))
+    actions = machine.handle(Interrupt(1.0, "the output pipe closed"))
     assert actions[0] == Stop(("ps0", "worker0", "worker1", "worker2"))
 
 
@@ -246,11 +246,11 @@ def test_a_plain_137_is_not_called_oom() -> None:
 
 def test_the_chiefs_end_in_another_terminal_starts_the_grace_of_an_exec(
 ) -> None:
-    from tflab.run.machine import PeerEnded
+    from tflab.run.events import PeerEnded
 
     plan = RunPlan(servers=(), finishers=("worker1",), chief="worker0", grace_s=5.0, stop_hung=False)
     machine = RunMachine(plan)
-    feed(machine, [Began(0.0), Output("worker1", 1.0, 3)])
+    feed(machine, [Began(0.0), Printed("worker1", 1.0, 3)])
     assert feed(machine, [Tick(100.0)]) == [], "no chief's end, no hang"
     assert feed(machine, [PeerEnded("worker0", 0, 100.0)]) == [Say("the chief (worker0) has finished")]
     said = feed(machine, [Tick(106.0)])
@@ -258,3 +258,35 @@ def test_the_chiefs_end_in_another_terminal_starts_the_grace_of_an_exec(
                         "(Ctrl-C stops it; with --grace tflab stops it)")]
     assert feed(machine, [Tick(120.0)]) == [], "said once"
     assert not machine.finished and machine.nodes["worker1"].running
+
+
+def test_a_worker_in_tensorflows_teardown_after_the_chief_is_finished_not_hung() -> None:
+    # A starved all-reduce worker: it trained every step with the others, and its runtime still called the
+    # coordination service the chief ran after the chief had ended (seen in a real run at 0.1 CPU).
+    machine = started()
+    feed(machine, [Printed("worker2", 8.0, 300), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0),
+                   Printed("worker2", 11.0, leader_gone=True)])
+    assert machine.handle(Tick(40.5)) == []
+    actions = machine.handle(Tick(41.5))
+    assert actions == [
+        Say("worker2 finished training, then stayed 32s in TensorFlow's teardown, calling the coordination "
+            "service that ended with worker0: stopped, and counted as finished (a cluster's job succeeds when "
+            "its chief does)"),
+        Stop(("worker2",)),
+    ]
+    assert machine.nodes["worker2"].verdict == "ok"
+    assert machine.handle(Exited("worker2", 137, 42.0)) == [Stop(("ps0",)), Finish(0, "ok")]
+
+
+def test_a_worker_that_never_trained_is_hung_whatever_its_runtime_logs() -> None:
+    machine = started()
+    feed(machine, [Printed("worker0", 7.0, 10), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0),
+                   Printed("worker2", 11.0, leader_gone=True)])
+    actions = machine.handle(Tick(71.0))
+    assert actions == [Stop(("worker2",))] and machine.nodes["worker2"].verdict == "hung"
+
+
+def test_a_teardown_before_a_chief_that_failed_is_no_finish() -> None:
+    machine = started()
+    feed(machine, [Printed("worker2", 8.0, 30), Printed("worker2", 9.0, leader_gone=True), Exited("worker0", 1, 10.0)])
+    assert machine.finish is not None and machine.finish.verdict == "failed"

@@ -45,7 +45,7 @@ from tflab.plan.knobs import Knobs
 from tflab.run import history
 from tflab.run.bottleneck import Limit
 from tflab.run.launcher import RunResult
-from tflab.run.machine import RunPlan, run_plan
+from tflab.run.runplan import RunPlan, run_plan
 from tflab.run.task_run import RunOptions, TaskRun
 
 DETACH_WAIT_S = 240.0

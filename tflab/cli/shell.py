@@ -30,7 +30,7 @@ from tflab.host import locks, proc
 from tflab.host.signals import stop_signals
 from tflab.plan import tasks
 from tflab.run.exec_session import ExecResult, ExecSession, ExecSetup
-from tflab.run.machine import exec_plan, run_plan
+from tflab.run.runplan import exec_plan, run_plan
 
 
 def exec_(

@@ -29,7 +29,7 @@ from tflab.host import proc
 from tflab.host.fanout import background
 
 log = logging.getLogger("tflab.executor")
-Output = Callable[[bytes, bool], None]  # (chunk, is_stderr)
+OnOutput = Callable[[bytes, bool], None]  # (chunk, is_stderr)
 OnExit = Callable[[int | None, str | None], None]  # (exit code or None, why it is unknown)
 GO = b"go\n"
 STOP = b"stop\n"
@@ -67,7 +67,7 @@ class Attached(Protocol):
 class Executor(Protocol):
     """Runs commands in the lab's nodes."""
 
-    def start(self, node: str, argv: Sequence[str], on_output: Output, on_exit: OnExit,
+    def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
               env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
         """Start `argv` attached to tflab."""
 
@@ -80,7 +80,7 @@ class Executor(Protocol):
         """Start `argv` and leave it running in the node, detached from tflab."""
 
 
-def _safe(on_output: Output) -> Output:
+def _safe(on_output: OnOutput) -> OnOutput:
     """`on_output` that never breaks the reading loop: the process is read to its end whatever its reader does.
 
     The readers handle their own failures (a closed stdout ends the command: cli.common.StreamOut;
@@ -142,7 +142,7 @@ class _DockerProcess:
     def wait(self, timeout: float | None = None) -> bool:
         return self.ended.wait(timeout)
 
-    def pump(self, on_output: Output, on_exit: OnExit) -> None:
+    def pump(self, on_output: OnOutput, on_exit: OnExit) -> None:
         reason: str | None = None
         code: int | None = None
         try:
@@ -217,7 +217,7 @@ class DockerExecutor:
             raise UserError(f"node {node} is not up; run `tflab up` first")
         return self.containers[node]
 
-    def start(self, node: str, argv: Sequence[str], on_output: Output, on_exit: OnExit,
+    def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
               env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
         container = self.container(node)
         api = self.client.api
@@ -290,7 +290,7 @@ class _SshProcess:
     def wait(self, timeout: float | None = None) -> bool:
         return self.ended.wait(timeout)
 
-    def pump(self, on_output: Output, on_exit: OnExit) -> None:
+    def pump(self, on_output: OnOutput, on_exit: OnExit) -> None:
         emit = _safe(on_output)
         tail: list[bytes] = []
         code: int | None = None
@@ -340,7 +340,7 @@ class SshExecutor:
         assigned = [f"{k}={v}" for k, v in (env or {}).items()]
         return f"cd {shlex.quote(workdir)} && exec env {shlex.join([*assigned, *argv])}"
 
-    def start(self, node: str, argv: Sequence[str], on_output: Output, on_exit: OnExit,
+    def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
               env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
         command = self.ssh_argv(node, self.remote(argv, env, workdir))
         # Its own session: a Ctrl-C at the terminal reaches tflab, which stops things in order.

@@ -52,6 +52,17 @@ NOISE = (
     cpp_record("IW"),
 )
 ERROR_RECORD = cpp_record("EF")  # an error TensorFlow's C++ side logged (shown; no program's result)
+# The lines gRPC adds under such an error ("Additional GRPC error information from remote target ...",
+# ":UNKNOWN:Error received from peer {grpc_status:14, ...}"): part of the record, no program's result either.
+ERROR_DETAIL = re.compile(r"^(?:Additional GRPC error information from remote target |:?\w+:Error received from peer )")
+# A MultiWorkerMirroredStrategy worker's runtime calling the coordination service its leader (the chief,
+# task 0) ran, after that leader is gone: logged by a worker that outlives the chief, in its teardown.
+LEADER_GONE = re.compile(r"Failed to send RPC to coordination service|/tensorflow\.CoordinationService/Heartbeat")
+
+
+def tensorflow_error(line: str) -> bool:
+    """Whether a line is an error TensorFlow's runtime logged (or gRPC's detail under one): shown, no result."""
+    return bool(ERROR_RECORD.match(line) or ERROR_DETAIL.match(line))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflab.engine import guardcmd
-from tflab.engine.executors import Attached, Executor, Output
+from tflab.engine.executors import Attached, Executor, OnOutput
 from tflab.engine.guardcmd import warm_up
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
 from tflab.host.fanout import background, parallel
@@ -34,25 +34,10 @@ from tflab.host.locks import file_lock
 from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
+from tflab.run.events import Began, Exited, Finish, Interrupt, PeerEnded, Printed, Say, Start, Stop, Tick
 from tflab.run.launcher import RECORD_EVERY_S, TICK_S  # one supervision pace for runs and execs
-from tflab.run.machine import (
-    Began,
-    Exited,
-    Finish,
-    PeerEnded,
-    RunMachine,
-    RunPlan,
-    Say,
-    Start,
-    Stop,
-    Tick,
-)
-from tflab.run.machine import (
-    Interrupted as Interrupt,
-)
-from tflab.run.machine import (
-    Output as OutputEvent,
-)
+from tflab.run.machine import RunMachine
+from tflab.run.runplan import RunPlan
 
 WATCH_S = 0.5
 HOLD_TIMEOUT_S = 30.0
@@ -97,7 +82,7 @@ class ExecResult:
 class ExecSession:
     """Runs `setup.node`'s task to its end, and its verdict."""
 
-    def __init__(self, executor: Executor, setup: ExecSetup, on_output: Output,
+    def __init__(self, executor: Executor, setup: ExecSetup, on_output: OnOutput,
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.executor = executor
         self.setup = setup
@@ -280,8 +265,9 @@ class ExecSession:
             for line in splitter.feed(chunk):
                 reading = reader.read(line)
                 if reading is not None or (line.strip() and not progress.is_noise(line)):  # a sign of life
-                    self.events.put(OutputEvent(setup.node, self.clock(), reading.step if reading else None,
-                                                reading.rate if reading else None))
+                    self.events.put(Printed(setup.node, self.clock(), reading.step if reading else None,
+                                                reading.rate if reading else None,
+                                                leader_gone=bool(progress.LEADER_GONE.search(line))))
             self.on_output(chunk, is_err)
 
         def on_exit(code: int | None, reason: str | None) -> None:

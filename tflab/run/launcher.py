@@ -24,7 +24,7 @@ from tflab.errors import TflabError
 from tflab.host.fanout import background, parallel
 from tflab.plan import progress
 from tflab.plan.faults import Fault
-from tflab.run.machine import (
+from tflab.run.events import (
     Began,
     Event,
     Exited,
@@ -33,19 +33,19 @@ from tflab.run.machine import (
     Healed,
     Inject,
     Injected,
-    Interrupted,
-    Output,
+    Interrupt,
+    Printed,
     Release,
     Revive,
     Revived,
-    RunMachine,
-    RunPlan,
     Say,
     Serving,
     Start,
     Stop,
     Tick,
 )
+from tflab.run.runplan import RunPlan
+from tflab.run.machine import RunMachine
 
 log = logging.getLogger("tflab.launcher")
 TICK_S = 0.2  # the supervision loops (runs and execs) tick this often
@@ -131,7 +131,7 @@ class Launcher:
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
         """Stop the run (SimpleQueue.put is safe in a signal handler); `force` kills at once."""
-        self.events.put(Interrupted(self.clock(), reason, force))
+        self.events.put(Interrupt(self.clock(), reason, force))
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ class Launcher:
         now = self.clock()
         if self._first_step is None and name in self.plan.finishers:
             self._first_step = now
-        self.events.put(Output(name, now, reading.step, reading.rate))
+        self.events.put(Printed(name, now, reading.step, reading.rate))
 
     def _drill(self, action: Inject | Heal | Revive) -> None:
         """Do a drill's step through the injector; the machine hears how it went."""
@@ -297,9 +297,9 @@ class Launcher:
         if text.strip() and not progress.is_noise(text):  # TensorFlow's chatter is no sign of life
             # a program's result is its own last line: not an error TensorFlow logs at exit
             # (MultiWorkerMirroredStrategy's "tasks have crashed" of a run that succeeded)
-            if not (progress.ERROR_RECORD.match(text) and self.last_lines.get(name)):
+            if not (progress.tensorflow_error(text) and self.last_lines.get(name)):
                 self.last_lines[name] = text.rsplit("\r", 1)[-1]
-            self.events.put(Output(name, self.clock()))
+            self.events.put(Printed(name, self.clock(), leader_gone=bool(progress.LEADER_GONE.search(text))))
         self._show(self.sink.line, name, text)
 
     def _probe(self, name: str, key: str) -> None:

@@ -16,242 +16,59 @@ The rules (DESIGN.md, "Tasks"):
   MonitoredTrainingSession recovery wait (30 s), so it gets that much longer, and if it
   is still waiting then, the verdict names the cause and the cure (`device_filters`);
 - a correct program is never called failed or hung: a late worker that ends after the
-  chief (even 35 s after) is `ok`.
+  chief (even 35 s after) is `ok`, and one that trained and then waits in TensorFlow's
+  teardown for the coordination service that ended with the chief is stopped as finished.
+
+The words it hears and says are in run/events.py, the plan it judges by in run/runplan.py,
+its decisions about drills in run/drill_rules.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from tflab.plan import progress
-from tflab.plan.config import Task
-from tflab.plan.faults import ENDS_PROCESS, Fault
-from tflab.plan.machines import memory_text
-from tflab.plan.tasks import OOM, start_order
-from tflab.plan.topology import GRPC_PORT, Lab
-from tflab.run.drills import Drills, describe
-
-SERVER, SIDECAR, FINISHER = "server", "sidecar", "finisher"
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """Who does what in a run, and how patient to be."""
-
-    servers: tuple[str, ...]
-    finishers: tuple[str, ...]
-    chief: str
-    sidecars: tuple[str, ...] = ()
-    grace_s: float = 30.0  # silence allowed after the chief finished
-    timeout_s: float | None = None
-    ready_timeout_s: float = 120.0
-    restarts: int = 0  # per non-chief finisher
-    recovery_wait_s: float = 30.0  # TF1 MonitoredTrainingSession's recovery_wait_secs
-    task_index: dict[str, int] = field(default_factory=dict)  # for the device_filters hint
-    stop_hung: bool = True  # False: a hung finisher is reported, and left to the user (`tflab exec` without --grace)
-    memory_limits: dict[str, str] = field(default_factory=dict)  # node -> its memory limit, as people read it
-    faults: tuple[Fault, ...] = ()  # the drill (`--fault`)
-    expect: str | None = None  # survive | fail: what the drill should do to the training
-    stall_s: float = 60.0  # a drilled run that makes no progress this long is ended, the drill named
-    # Restarts of an all-reduce job restart every worker (they train in lockstep; one cannot rejoin alone).
-    gang_restart: bool = False
+from tflab.plan.tasks import OOM
+from tflab.plan.topology import GRPC_PORT
+from tflab.run.drill_rules import DrillRules
+from tflab.run.drills import Drills
+from tflab.run.events import (
+    Action,
+    Began,
+    Event,
+    Exited,
+    Finish,
+    Heal,
+    Healed,
+    Inject,
+    Injected,
+    Interrupt,
+    Printed,
+    PeerEnded,
+    Release,
+    Revive,
+    Revived,
+    Say,
+    Serving,
+    Start,
+    Stop,
+    Tick,
+)
+from tflab.run.noderun import NodeRun
+from tflab.run.runplan import FINISHER, SERVER, SIDECAR, RunPlan
+from tflab.run.verdicts import how_it_ended, hung_message, teardown_message
 
 
-# -- events --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Began:
-    t: float
-
-
-@dataclass(frozen=True)
-class Serving:
-    node: str
-    t: float
-
-
-@dataclass(frozen=True)
-class Output:
-    node: str
-    t: float
-    step: int | None = None
-    rate: float | None = None  # steps/s the line reported itself
-
-
-@dataclass(frozen=True)
-class Exited:
-    node: str
-    code: int | None
-    t: float
-    reason: str | None = None  # why the code is unknown, or what happened to the node
-
-
-@dataclass(frozen=True)
-class PeerEnded:
-    """A node of the task outside this machine ended (the chief's own `tflab exec`, in another terminal)."""
-
-    node: str
-    code: int | None
-    t: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    t: float
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    t: float
-    reason: str = "interrupted"
-    force: bool = False
-
-
-@dataclass(frozen=True)
-class Injected:
-    """A fault of the drill was done (or could not be)."""
-
-    index: int
-    t: float
-    done: str | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Healed:
-    index: int
-    t: float
-    done: str | None = None
-
-
-@dataclass(frozen=True)
-class Revived:
-    """A node's machine is running again (and answers)."""
-
-    node: str
-    t: float
-    error: str | None = None
-
-
-Event = Began | Serving | Output | Exited | PeerEnded | Tick | Interrupted | Injected | Healed | Revived
-
-# -- actions -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Start:
-    nodes: tuple[str, ...]
-    held: bool = False
-    attempt: int = 1
-
-
-@dataclass(frozen=True)
-class Release:
-    nodes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Stop:
-    nodes: tuple[str, ...]
-    force: bool = False
-
-
-@dataclass(frozen=True)
-class Say:
-    message: str
-
-
-@dataclass(frozen=True)
-class Inject:
-    """Do fault `index` of the drill."""
-
-    index: int
-
-
-@dataclass(frozen=True)
-class Heal:
-    index: int
-
-
-@dataclass(frozen=True)
-class Revive:
-    """Bring a node's machine back (after a kill or a stop)."""
-
-    node: str
-
-
-@dataclass(frozen=True)
-class Finish:
-    exit_code: int
-    verdict: str  # ok | failed | hung | oom | timeout | interrupted
-    problem: str | None = None
-
-
-Action = Start | Release | Stop | Say | Finish | Inject | Heal | Revive
-
-
-@dataclass
-class NodeState:
-    """What the machine knows of one node's process."""
-
-    name: str
-    role: str
-    attempt: int = 0
-    started: float | None = None  # released, for finishers
-    ended: float | None = None
-    exit_code: int | None = None
-    verdict: str = "pending"  # pending | running | ok | failed | hung | served | stopped | ...
-    reason: str | None = None
-    last_output: float | None = None
-    steps: list[tuple[float, int]] = field(default_factory=list)
-    rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself
-    serving: bool = False
-
-    @property
-    def running(self) -> bool:
-        return self.started is not None and self.ended is None
-
-    @property
-    def progressed(self) -> bool:
-        """Whether it reported any training progress (a step, or a rate)."""
-        return bool(self.steps or self.rates)
-
-    @property
-    def last_progress(self) -> float | None:
-        """When it last reported progress."""
-        times = [t for t, _ in self.steps[-1:]] + [t for t, _ in self.rates[-1:]]
-        return max(times) if times else None
-
-    @property
-    def last_active(self) -> float | None:
-        """When it last reported progress or printed a line of its own."""
-        times = [x for x in (self.last_progress, self.last_output) if x is not None]
-        return max(times) if times else None
-
-    def rate(self, window_s: float | None = None) -> float | None:
-        """Its steps per second (over the last `window_s` seconds)."""
-        return progress.node_rate(self.steps, self.rates, window_s)
-
-    @property
-    def duration(self) -> float | None:
-        if self.started is None:
-            return None
-        return (self.ended if self.ended is not None else self.started) - self.started
-
-
-class RunMachine:
+class RunMachine(DrillRules):
     """The verdict of one run, decided from events."""
 
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
-        self.nodes: dict[str, NodeState] = {}
+        self.nodes: dict[str, NodeRun] = {}
         for name in plan.servers:
-            self.nodes[name] = NodeState(name, SERVER)
+            self.nodes[name] = NodeRun(name, SERVER)
         for name in plan.sidecars:
-            self.nodes[name] = NodeState(name, SIDECAR)
+            self.nodes[name] = NodeRun(name, SIDECAR)
         for name in plan.finishers:
-            self.nodes[name] = NodeState(name, FINISHER)
+            self.nodes[name] = NodeRun(name, FINISHER)
         self.began: float | None = None
         self.released = False
         self._released_t: float | None = None
@@ -276,7 +93,7 @@ class RunMachine:
         """The actions `event` calls for."""
         if isinstance(event, Began):
             return self._began(event)
-        if isinstance(event, Output):
+        if isinstance(event, Printed):
             return self._output(event)
         if isinstance(event, Serving):
             return self._serving(event)
@@ -291,7 +108,7 @@ class RunMachine:
             return self._peer_ended(event)
         if isinstance(event, Tick):
             return self._tick(event.t)
-        if isinstance(event, Interrupted):
+        if isinstance(event, Interrupt):
             return self._interrupted(event)
         if isinstance(event, Injected):
             return self._injected(event)
@@ -358,11 +175,13 @@ class RunMachine:
             actions += self._release(event.t)
         return actions
 
-    def _output(self, event: Output) -> list[Action]:
+    def _output(self, event: Printed) -> list[Action]:
         node = self.nodes.get(event.node)
         if node is None:
             return []
         node.last_output = event.t
+        if event.leader_gone:
+            node.leader_gone = event.t
         if event.step is not None:
             node.steps.append((event.t, event.step))
         if event.rate is not None:
@@ -392,7 +211,7 @@ class RunMachine:
         if self.finished:
             node.verdict = "stopped"
             return []
-        how = self._how(event)
+        how = how_it_ended(event)
         if event.reason == OOM:
             return self._oom(node, event)
         drilled = self.drills.downed(event.node)
@@ -426,127 +245,6 @@ class RunMachine:
                           else f"{event.node} failed with exit code {event.code}"
                           + (f" ({event.reason})" if event.reason else ""))
 
-    # -- drills ------------------------------------------------------------------------------
-
-    def _steps(self) -> dict[str, int | None]:
-        return {name: (self.nodes[name].steps[-1][1] if self.nodes[name].steps else None)
-                for name in self.plan.finishers}
-
-    def _due(self, t: float) -> list[Action]:
-        if self.finished or not self.drills:
-            return []
-        released = self.began if not self.plan.servers else self._released_t
-        due = self.drills.due(t, released if self.released else None, self.run_step)
-        for index in due:
-            fault = self.drills.states[index].fault
-            if fault.action in ENDS_PROCESS:
-                self.injecting[fault.node] = index
-        return [Inject(i) for i in due]
-
-    def _injected(self, event: Injected) -> list[Action]:
-        state = self.drills.states[event.index]
-        self.drills.hit(event.index, event.t, self.run_step, self._steps(), event.done, event.error)
-        fault = state.fault
-        if self.injecting.get(fault.node) == event.index:
-            del self.injecting[fault.node]
-        held = self.held_exits.pop(fault.node, None)
-        if event.error is not None:
-            said: list[Action] = [Say(f"drill: {fault.describe()} could not be done: {event.error}")]
-            return said + (self._exited(held) if held is not None else [])  # an exit of its own, then
-        actions: list[Action] = [Say(f"drill: {event.done} at {describe(state).split(' at ', 1)[1]}")]
-        if fault.action in ("kill", "stop"):
-            self.down.add(fault.node)
-            if fault.then_restart:
-                self.reviving.add(fault.node)
-                actions.append(Revive(fault.node))
-            return actions + (self._exited(held) if held is not None else [])
-        if fault.action == "restart":
-            # The injector answers once the machine is up again: its process starts again as soon as
-            # the old one is seen gone (now, if it was, or when it is).
-            self.down.add(fault.node)
-            if held is not None:
-                actions += self._exited(held)
-            self.drills.back(fault.node, event.t)
-            self.down.discard(fault.node)
-            if self.nodes[fault.node].ended is None:
-                self.rebooted.add(fault.node)
-            actions += self._restart_after_drill(fault.node, event.t)
-        return actions
-
-    def _healed(self, event: Healed) -> list[Action]:
-        self.drills.heal(event.index, event.t, event.done, self._steps())
-        return [Say(f"drill: {event.done}")] if event.done else []
-
-    def _revived(self, event: Revived) -> list[Action]:
-        self.reviving.discard(event.node)
-        if event.error is not None:
-            self.down.discard(event.node)
-            return self._fail(f"{event.node} could not be brought back after the drill: {event.error}")
-        self.drills.back(event.node, event.t)
-        self.down.discard(event.node)
-        actions: list[Action] = [Say(f"drill: {event.node} is back")]
-        if self.gang:
-            return actions + self._gang_ready(event.t)
-        return actions + self._restart_after_drill(event.node, event.t)
-
-    def _restart_after_drill(self, name: str, t: float) -> list[Action]:
-        """A node the drill downed is back: its process starts again once the old one is seen gone."""
-        node = self.nodes[name]
-        if self.finished or node.ended is None or name in self.down:
-            return []
-        self._mark_started(name, t)
-        if node.role == SERVER:
-            node.serving = False
-        return [Say(f"{name} starts again (attempt {node.attempt})"), Start((name,), attempt=node.attempt)]
-
-    def _drilled_exit(self, node: NodeState, event: Exited, state) -> list[Action]:
-        """A process the drill ended: not a failure of its own; it comes back if the drill or --restarts says so."""
-        fault = state.fault if state is not None else None
-        node.verdict = {"kill": "killed", "stop": "shut down", "restart": "rebooted"}.get(
-            fault.action if fault else "kill", "killed")
-        node.reason = f"by the drill ({fault.describe()})" if fault else "by the drill"
-        if fault is not None and (fault.then_restart or fault.action == "restart"):
-            return self._restart_after_drill(node.name, event.t) if node.name not in self.down else []
-        if node.role == FINISHER and self.plan.restarts:
-            if self.plan.gang_restart and self.gang_restarts < self.plan.restarts:
-                return self._gang_restart(f"{node.name} was ended by the drill")
-            if node.name != self.plan.chief and self.restarts[node.name] < self.plan.restarts:
-                self.restarts[node.name] += 1
-                self.reviving.add(node.name)
-                return [Say(f"{node.name} was ended by the drill; restart {self.restarts[node.name]} of "
-                            f"{self.plan.restarts}"), Revive(node.name)]
-        return self._maybe_done()
-
-    def _gang_restart(self, why: str) -> list[Action]:
-        """Every worker stops, and all start again together once the last is gone (and every machine is back)."""
-        self.gang_restarts += 1
-        self.gang = set(self.plan.finishers)
-        still = tuple(n for n in self.plan.finishers if self.nodes[n].running)
-        for name in still:
-            self.nodes[name].verdict = "restarting"
-        actions: list[Action] = [Say(f"{why}; restarting every worker together (an all-reduce job trains in "
-                                     f"lockstep), restart {self.gang_restarts} of {self.plan.restarts}")]
-        for name in sorted(self.down - self.reviving):
-            self.reviving.add(name)
-            actions.append(Revive(name))
-        if still:
-            actions.append(Stop(still))
-        return actions + self._gang_ready(None)
-
-    def _gang_member_ended(self, node: NodeState, event: Exited) -> list[Action]:
-        node.verdict = "restarting"
-        return self._gang_ready(event.t)
-
-    def _gang_ready(self, t: float | None) -> list[Action]:
-        if any(self.nodes[n].ended is None for n in self.gang) or self.reviving or t is None:
-            return []
-        names = tuple(sorted(self.gang, key=self.plan.finishers.index))
-        self.gang = set()
-        for name in names:
-            self._mark_started(name, t)
-        attempt = max(self.nodes[n].attempt for n in names)
-        return [Say(f"starting {', '.join(names)} again (attempt {attempt})"), Start(names, attempt=attempt)]
-
     def _peer_ended(self, event: PeerEnded) -> list[Action]:
         if event.node != self.plan.chief or self.chief_ended is not None or self.finished:
             return []
@@ -559,7 +257,7 @@ class RunMachine:
         self.problems.append(problem)
         return self._end("failed", 1, problem, verdict_for_running="stopped")
 
-    def _oom(self, node: NodeState, event: Exited) -> list[Action]:
+    def _oom(self, node: NodeRun, event: Exited) -> list[Action]:
         node.verdict = "oom"
         limit = self.plan.memory_limits.get(event.node)
         problem = (f"{event.node} ran out of memory: the kernel's out-of-memory killer ended it "
@@ -568,13 +266,6 @@ class RunMachine:
             return [Say(f"{problem}; the run goes on without it")]
         self.problems.append(problem)
         return self._end("oom", 1, problem, verdict_for_running="stopped")
-
-    @staticmethod
-    def _how(event: Exited) -> str:
-        if event.code is None:
-            return f"ended with no exit code: {event.reason or 'unknown'}"
-        text = f"exited with {event.code}"
-        return f"{text} ({event.reason})" if event.reason else text
 
     def _tick(self, t: float) -> list[Action]:
         if self.finished or self.began is None:
@@ -586,19 +277,13 @@ class RunMachine:
         if not self.released and t - self.began > plan.ready_timeout_s:
             late = [s for s in plan.servers if not self.nodes[s].serving]
             return self._fail(f"{', '.join(late)} did not serve on port {GRPC_PORT} within {plan.ready_timeout_s:g}s")
-        drill: list[Action] = []
-        if self.drills:
-            drill = self._due(t) + [Heal(i) for i in self.drills.heal_due(t)]
-            self.drills.note_steps(self._steps())
-            # output tflab cannot read as steps is still a sign the training goes on
-            last = [n.last_active for n in (self.nodes[f] for f in plan.finishers) if n.last_active]
-            stalled = self.drills.stalled(t, max(last) if last else None)
-            if stalled is not None and not self.gang and not self.reviving:
-                return drill + self._fail(f"no worker made progress in {plan.stall_s:g}s after the drill's "
-                                          f"{describe(stalled)}: the training did not recover from it")
+        drill, stalled = self._drill_tick(t)
+        if stalled:
+            return drill
         if self.chief_ended is None:
             return drill
         hung: list[str] = []
+        finished: list[str] = []
         for name in plan.finishers:
             node = self.nodes[name]
             if not node.running or name in self.hung_reported:
@@ -609,14 +294,20 @@ class RunMachine:
             else:
                 deadline = self.chief_ended + plan.recovery_wait_s + plan.grace_s
             if t > deadline:
-                hung.append(name)
-        if not hung:
+                (finished if self._tearing_down(node) else hung).append(name)
+        if not hung and not finished:
             return drill
         actions: list[Action] = drill
+        for name in finished:
+            self.hung_reported.add(name)
+            message = teardown_message(self.plan, name, t - (self.chief_ended or t))
+            actions.append(Say(message))
+            if plan.stop_hung:
+                self.nodes[name].verdict, self.nodes[name].reason = "ok", message
         for name in hung:
             node = self.nodes[name]
             self.hung_reported.add(name)
-            message = self._hung_message(name, t)
+            message = hung_message(self.plan, self.nodes[name], t, self.chief_ended)
             if not plan.stop_hung:
                 actions.append(Say(message))  # said once; stopping it is the user's call
                 continue
@@ -625,31 +316,15 @@ class RunMachine:
             self.problems.append(message)
         if not plan.stop_hung:
             return actions
-        actions.append(Stop(tuple(hung)))
+        actions.append(Stop(tuple(hung + finished)))
         return actions + self._maybe_done()
 
-    def _hung_message(self, name: str, t: float) -> str:
-        node = self.nodes[name]
-        after = t - (self.chief_ended or t)
-        what = ("reported hung and stopped" if self.plan.stop_hung
-                else "it looks hung (Ctrl-C stops it; with --grace tflab stops it)")
-        if not node.progressed:
-            index = self.plan.task_index.get(name)
-            task = f"/job:worker/task:{index}" if index is not None else "/job:worker/task:N"
-            return (
-                f"{name} never printed a training step and still waited {after:.0f}s after the chief "
-                f"finished: {what}. With TF1's MonitoredTrainingSession this is the "
-                f"classic late worker: it asked before the chief was ready, slept through "
-                f"recovery_wait_secs ({self.plan.recovery_wait_s:g}s), and its session now waits for the "
-                f"chief's server forever; give the session "
-                f'config=tf.compat.v1.ConfigProto(device_filters=["/job:ps", "{task}"])'
-            )
-        return (
-            f"{name} still running {self.plan.grace_s:g}s after the chief finished, silent for "
-            f"{t - max(self.chief_ended or t, node.last_output or 0):.0f}s: {what}"
-        )
+    def _tearing_down(self, node: NodeRun) -> bool:
+        """A finisher that trained, and whose runtime then called the chief's coordination service after the
+        chief ended cleanly: its work is done, it is in TensorFlow's teardown (slow on a starved node)."""
+        return node.progressed and node.leader_gone is not None and self.chief_ended is not None
 
-    def _interrupted(self, event: Interrupted) -> list[Action]:
+    def _interrupted(self, event: Interrupt) -> list[Action]:
         if self.finished:
             still = tuple(self.running())
             return [Stop(still, force=True)] if event.force and still else []
@@ -719,35 +394,3 @@ class RunMachine:
             return Finish(0, "ok", None)
         return Finish(finish.exit_code, finish.verdict, f"{finish.problem} (the drill: {drill})")
 
-
-def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | None = None,
-             restarts: int = 0, ready_timeout_s: float = 120.0, faults: tuple[Fault, ...] = (),
-             expect: str | None = None) -> RunPlan:
-    """The run state machine's plan for `task` on `lab`."""
-    servers, sidecars, finishers = start_order(lab, task)
-    return RunPlan(
-        servers=tuple(n.name for n in servers),
-        sidecars=tuple(n.name for n in sidecars),
-        finishers=tuple(n.name for n in finishers),
-        chief=lab.chief.name,
-        grace_s=grace_s,
-        timeout_s=timeout_s,
-        ready_timeout_s=ready_timeout_s,
-        restarts=restarts,
-        task_index={n.name: n.task_index for n in lab.nodes if n.job == "worker"},
-        memory_limits={n.name: memory_text(n.machine.memory_mib) for n in lab.nodes if n.machine.memory_mib},
-        faults=faults,
-        expect=expect,
-        gang_restart=not servers,
-    )
-
-
-def exec_plan(lab: Lab, task: Task, node: str, grace_s: float | None = None) -> RunPlan:
-    """The rules one `tflab exec` of a worker is judged by: the run's, for that worker alone.
-
-    Its chief runs in another exec (or is this node); with `grace_s`, a worker still waiting
-    that long after the chief's exec finished is stopped, else it is only reported.
-    """
-    whole = run_plan(lab, task, grace_s=30.0 if grace_s is None else grace_s)
-    return RunPlan(servers=(), finishers=(node,), chief=whole.chief, grace_s=whole.grace_s,
-                   task_index=whole.task_index, stop_hung=grace_s is not None, memory_limits=whole.memory_limits)

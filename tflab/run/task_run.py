@@ -23,7 +23,7 @@ from tflab.plan.knobs import Knobs
 from tflab.run import history
 from tflab.run.cluster import ClusterWatch
 from tflab.run.launcher import Injector, Launcher, RunResult, RunSetup, Sink
-from tflab.run.machine import RunPlan
+from tflab.run.runplan import RunPlan
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""The words a run's state machine hears (events: a node started, printed, exited; time passed) and says (actions).
+
+The launcher and an exec session turn what happens into events; the machine (run/machine.py)
+answers each with actions they carry out. Plain frozen dataclasses, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# -- events --------------------------------------------------------------------------------
+
+
+
+@dataclass(frozen=True)
+class Began:
+    t: float
+
+
+@dataclass(frozen=True)
+class Serving:
+    node: str
+    t: float
+
+
+@dataclass(frozen=True)
+class Printed:
+    node: str
+    t: float
+    step: int | None = None
+    rate: float | None = None  # steps/s the line reported itself
+    leader_gone: bool = False  # the line says the coordination service's leader (the chief) is gone
+
+
+@dataclass(frozen=True)
+class Exited:
+    node: str
+    code: int | None
+    t: float
+    reason: str | None = None  # why the code is unknown, or what happened to the node
+
+
+@dataclass(frozen=True)
+class PeerEnded:
+    """A node of the task outside this machine ended (the chief's own `tflab exec`, in another terminal)."""
+
+    node: str
+    code: int | None
+    t: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    t: float
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    t: float
+    reason: str = "interrupted"
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A fault of the drill was done (or could not be)."""
+
+    index: int
+    t: float
+    done: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Healed:
+    index: int
+    t: float
+    done: str | None = None
+
+
+@dataclass(frozen=True)
+class Revived:
+    """A node's machine is running again (and answers)."""
+
+    node: str
+    t: float
+    error: str | None = None
+
+
+Event = Began | Serving | Printed | Exited | PeerEnded | Tick | Interrupt | Injected | Healed | Revived
+
+# -- actions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    nodes: tuple[str, ...]
+    held: bool = False
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Release:
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    nodes: tuple[str, ...]
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Say:
+    message: str
+
+
+@dataclass(frozen=True)
+class Inject:
+    """Do fault `index` of the drill."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Heal:
+    index: int
+
+
+@dataclass(frozen=True)
+class Revive:
+    """Bring a node's machine back (after a kill or a stop)."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    exit_code: int
+    verdict: str  # ok | failed | hung | oom | timeout | interrupted
+    problem: str | None = None
+
+
+Action = Start | Release | Stop | Say | Finish | Inject | Heal | Revive

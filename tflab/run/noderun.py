@@ -1,0 +1,57 @@
+"""What a run's state machine knows of one node's process: its role, attempts, exit, verdict, the steps it printed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tflab.plan import progress
+
+
+@dataclass
+class NodeRun:
+    """What the machine knows of one node's process."""
+
+    name: str
+    role: str
+    attempt: int = 0
+    started: float | None = None  # released, for finishers
+    ended: float | None = None
+    exit_code: int | None = None
+    verdict: str = "pending"  # pending | running | ok | failed | hung | served | stopped | ...
+    reason: str | None = None
+    last_output: float | None = None
+    leader_gone: float | None = None  # when it last said the chief's coordination service is gone
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself
+    serving: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.started is not None and self.ended is None
+
+    @property
+    def progressed(self) -> bool:
+        """Whether it reported any training progress (a step, or a rate)."""
+        return bool(self.steps or self.rates)
+
+    @property
+    def last_progress(self) -> float | None:
+        """When it last reported progress."""
+        times = [t for t, _ in self.steps[-1:]] + [t for t, _ in self.rates[-1:]]
+        return max(times) if times else None
+
+    @property
+    def last_active(self) -> float | None:
+        """When it last reported progress or printed a line of its own."""
+        times = [x for x in (self.last_progress, self.last_output) if x is not None]
+        return max(times) if times else None
+
+    def rate(self, window_s: float | None = None) -> float | None:
+        """Its steps per second (over the last `window_s` seconds)."""
+        return progress.node_rate(self.steps, self.rates, window_s)
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None:
+            return None
+        return (self.ended if self.ended is not None else self.started) - self.started

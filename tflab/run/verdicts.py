@@ -1,0 +1,50 @@
+"""The sentences a run's verdicts say: how a node ended, why a worker is called hung, why one is not."""
+
+from __future__ import annotations
+
+from tflab.run.events import Exited
+from tflab.run.noderun import NodeRun
+from tflab.run.runplan import RunPlan
+
+
+def how_it_ended(event: Exited) -> str:
+    """'exited with 3 (the reason)', or 'ended with no exit code: why'."""
+    if event.code is None:
+        return f"ended with no exit code: {event.reason or 'unknown'}"
+    text = f"exited with {event.code}"
+    return f"{text} ({event.reason})" if event.reason else text
+
+
+def hung_message(plan: RunPlan, node: NodeRun, t: float, chief_ended: float | None) -> str:
+    """Why `node`, still running at `t` after the chief ended, is hung: with the late worker's cause and cure
+    where it never printed a step."""
+    name = node.name
+    after = t - (chief_ended or t)
+    what = ("reported hung and stopped" if plan.stop_hung
+            else "it looks hung (Ctrl-C stops it; with --grace tflab stops it)")
+    if not node.progressed:
+        index = plan.task_index.get(name)
+        task = f"/job:worker/task:{index}" if index is not None else "/job:worker/task:N"
+        return (
+            f"{name} never printed a training step and still waited {after:.0f}s after the chief "
+            f"finished: {what}. With TF1's MonitoredTrainingSession this is the "
+            f"classic late worker: it asked before the chief was ready, slept through "
+            f"recovery_wait_secs ({plan.recovery_wait_s:g}s), and its session now waits for the "
+            f"chief's server forever; give the session "
+            f'config=tf.compat.v1.ConfigProto(device_filters=["/job:ps", "{task}"])'
+        )
+    return (
+        f"{name} still running {plan.grace_s:g}s after the chief finished, silent for "
+        f"{t - max(chief_ended or t, node.last_output or 0):.0f}s: {what}"
+    )
+
+
+def teardown_message(plan: RunPlan, name: str, after: float) -> str:
+    """Why `name`, trained and still in TensorFlow's teardown `after` seconds past the chief, is no hung worker."""
+    chief = plan.chief
+    if not plan.stop_hung:
+        return (f"{name} finished training and still waits {after:.0f}s after {chief} in TensorFlow's teardown, "
+                f"for the coordination service that ended with {chief} (Ctrl-C stops it)")
+    return (f"{name} finished training, then stayed {after:.0f}s in TensorFlow's teardown, calling the "
+            f"coordination service that ended with {chief}: stopped, and counted as finished "
+            f"(a cluster's job succeeds when its chief does)")
