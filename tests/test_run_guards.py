@@ -128,3 +128,25 @@ def test_a_malformed_run_json_is_left_out_not_fatal_to_runs(runner, lab: Path) -
     assert result.exit_code == 0, result.stderr
     assert "accuracy 0.97" in result.stdout and "internal error" not in result.stdout + result.stderr
     assert "left out: a, b, c, d, e (their run.json is not one tflab wrote)" in " ".join(result.stdout.split())
+
+
+def test_a_detached_run_gets_every_option_its_caller_was_given() -> None:
+    """`run --detach` starts its own process with the caller's options, taken from the command, not listed by hand."""
+    import typer.main
+
+    from tflab.cli.app import app
+    from tflab.cli.common import options_again
+
+    run_cmd = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    given = ["train", "--grace", "5", "--timeout", "90", "--restarts", "1", "--resume", "--no-metrics",
+             "--fault", "kill worker1 at step 5", "--fault", "pause worker0 at 3s for 2s", "--expect", "survive",
+             "--workers", "2", "--link-rate", "none", "--cpus", "0.5", "--cpus", "worker0=1", "--env", "A=1 2",
+             "--via", "ssh", "-d", "--lab", "/somewhere"]
+    first = run_cmd.make_context("run", list(given))
+    again = options_again(first, leave_out={"detach", "detached_child", "lab"})
+    assert "-d" not in again and "--detach" not in again and not any(a.startswith("--lab") for a in again)
+    second = run_cmd.make_context("run", ["train", *again])
+    for name, value in first.params.items():
+        if name not in ("detach", "lab"):
+            assert second.params[name] == value, name
+    assert second.params["detach"] is False

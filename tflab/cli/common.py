@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -37,6 +38,27 @@ SHOW_TF_NOISE_VAR = "TFLAB_SHOW_TF_NOISE"
 
 LabOption = Annotated[Path, typer.Option("--lab", "-C", help="The lab folder (default: the current folder).")]
 ViaOption = Annotated[str, typer.Option("--via", help="How to reach the nodes: docker (exec, this host) or ssh (their published SSH ports).")]
+
+
+def options_again(ctx: click.Context, leave_out: set[str]) -> list[str]:
+    """The options this command was given, as a command line that gives them again (a detached run's own
+    process gets its caller's options this way): every option but those named in `leave_out`."""
+    argv: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in leave_out or param.name is None:
+            continue
+        value = ctx.params.get(param.name)
+        if value is None:
+            continue
+        if param.is_flag:
+            if param.secondary_opts:
+                argv.append(param.opts[0] if value else param.secondary_opts[0])
+            elif value:
+                argv.append(param.opts[0])
+            continue
+        for each in (value if param.multiple else [value]):
+            argv.append(f"{param.opts[0]}={each}")
+    return argv
 
 
 class StdoutClosed(BrokenPipeError):

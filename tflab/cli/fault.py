@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from tflab.cli.common import LabOption, backend, console, open_lab
-from tflab.engine import daemon
 from tflab.engine.backend import LabBackend
 from tflab.engine.faults import FaultInjector
 from tflab.errors import UserError
@@ -25,8 +24,7 @@ NodeArg = Annotated[str, typer.Argument(help="The node.")]
 
 def injector(lf: LabFiles, side: LabBackend | None = None) -> FaultInjector:
     """What does faults to this lab's nodes."""
-    side = side or backend(lf)
-    return FaultInjector(lf, daemon.client(), side.executor, lambda node: side.ssh_targets()[node])
+    return FaultInjector.for_lab(lf, side or backend(lf))
 
 
 def _do(lab: Path, spec: str, for_s: float | None) -> None:

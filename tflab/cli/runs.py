@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Annotated
 
@@ -16,7 +15,6 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from tflab.cli import fault as fault_cmd
 from tflab.cli import views
 from tflab.cli.common import (
     SETTINGS,
@@ -28,25 +26,20 @@ from tflab.cli.common import (
     err_console,
     keep_line,
     open_lab,
+    options_again,
 )
-from tflab.engine import guardcmd, run_knobs
-from tflab.engine.backend import LabBackend
-from tflab.engine.faults import FaultInjector
-from tflab.engine.run_knobs import KnobSetter
+from tflab.engine import guardcmd
 from tflab.errors import UserError
-from tflab.host import locks, proc
+from tflab.host import proc
 from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
 from tflab.host.signals import stop_signals
 from tflab.plan import faults
 from tflab.plan import knobs as knob_rules
-from tflab.plan.config import Task, check_task_name
-from tflab.plan.knobs import Knobs
+from tflab.plan.config import check_task_name
 from tflab.run import history
 from tflab.run.bottleneck import Limit
-from tflab.run.launcher import RunResult
-from tflab.run.runplan import RunPlan, run_plan
-from tflab.run.task_run import RunOptions, TaskRun
+from tflab.run.request import PreparedRun, RunRequest, execute_run, prepare_run
 
 DETACH_WAIT_S = 240.0
 
@@ -86,6 +79,15 @@ class TerminalSink:
             self.on_broken()
 
 
+def terminal_sinks(lf: LabFiles, terminal: Console | None, prepared: PreparedRun) -> Callable[[IO[str]], TerminalSink]:
+    """What makes a run's sink: its lines on `terminal` (none: output.log only); a closed stdout interrupts it."""
+    def make(output_log: IO[str]) -> TerminalSink:
+        sink = TerminalSink(lf.lab.names, output_log, terminal)
+        sink.on_broken = lambda: prepared.interrupt("the output pipe closed")
+        return sink
+    return make
+
+
 WorkersOption = Annotated[str | None, typer.Option(
     "--workers", help="This run's cluster: the servers plus the first K workers (the others stay idle).")]
 LinkRateOption = Annotated[str | None, typer.Option(
@@ -97,6 +99,7 @@ EnvOption = Annotated[list[str] | None, typer.Option(
 
 
 def run(
+    ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="A task of tflab.yaml.")],
     grace: Annotated[float, typer.Option(help="Seconds a worker may stay silent after the chief finished before it counts as hung.")] = 30.0,
     timeout: Annotated[float | None, typer.Option(help="Seconds the whole run may take.")] = None,
@@ -126,144 +129,18 @@ def run(
     drill = tuple(faults.parse(spec, lf.lab.names) for spec in fault or ())
     request = RunRequest(definition, knobs, grace_s=grace, timeout_s=timeout, restarts=restarts, resume=resume,
                          metrics=metrics, drill=drill, expect=faults.check_expectation(expect, drill), via=via)
-    prepared = prepare_run(lf, request)
+    prepared = prepare_run(lf, request, lambda: backend(lf))
     if detach and not detached_child:
         prepared.lock.close()  # the run's own process takes it
-        _detach(lf, task, [f"--grace={grace}", *([f"--timeout={timeout}"] if timeout else []),
-                           f"--restarts={restarts}", *(["--resume"] if resume else []), f"--via={via}",
-                           "--metrics" if metrics else "--no-metrics", *(f"--fault={spec}" for spec in fault or ()),
-                           *([f"--expect={expect}"] if expect else []),
-                           *([f"--workers={workers}"] if workers is not None else []),
-                           *([f"--link-rate={link_rate}"] if link_rate is not None else []),
-                           *(f"--cpus={value}" for value in cpus or ()), *(f"--env={value}" for value in env or ())])
+        _detach(lf, task, options_again(ctx, leave_out={"detach", "detached_child", "lab"}))
         return
     terminal = None if detached_child else console()
     with stop_signals(lambda reason, force: prepared.interrupt(reason, force)):
-        result, data, session = execute_run(lf, prepared, terminal, detached=detached_child)
+        result, data, session = execute_run(lf, prepared, terminal_sinks(lf, terminal, prepared),
+                                            detached=detached_child)
     out = err_console() if getattr(session.sink, "broken", False) or terminal is None else console()
     show_verdict(out, lf, data, session.folder)
     raise typer.Exit(result.finish.exit_code)
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """One run as asked for: the task, its knobs, and the rules its verdict follows."""
-
-    definition: Task
-    knobs: Knobs = Knobs()
-    grace_s: float = 30.0
-    timeout_s: float | None = None
-    restarts: int = 0
-    resume: bool = False
-    metrics: bool = True
-    drill: tuple[faults.Fault, ...] = ()
-    expect: str | None = None
-    via: str = "docker"
-
-
-@dataclass
-class PreparedRun:
-    """A run checked and ready to start: its plan, its task lock, the engine side and what sets its knobs.
-
-    An interrupt that comes before the run started is kept and handed to it when it starts.
-    """
-
-    request: RunRequest
-    plan: RunPlan
-    lock: IO[str]
-    side: LabBackend
-    doer: FaultInjector | None
-    knob_setter: KnobSetter | None
-    session: TaskRun | None = None
-    interrupted: tuple[str, bool] | None = None
-
-    def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
-        if self.session is not None:
-            self.session.interrupt(reason, force)
-        else:
-            self.interrupted = (reason, force)
-
-
-def prepare_run(lf: LabFiles, request: RunRequest) -> PreparedRun:
-    """Check a run against the lab and take its task's lock: a one-line error, and nothing changed, otherwise."""
-    definition = request.definition
-    run_lab = knob_rules.run_lab(lf.lab, request.knobs)
-    plan = run_plan(run_lab, definition, grace_s=request.grace_s, timeout_s=request.timeout_s,
-                    restarts=request.restarts, faults=request.drill, expect=request.expect)
-    if not plan.finishers:
-        raise UserError(f"task {definition.name}: every node only serves ({', '.join(definition.servers)}); "
-                        "nothing would end the run. Make the lab with --chief, or list fewer servers")
-    for planned in request.drill:
-        if planned.node not in run_lab.names:
-            raise UserError(f"--fault {planned.describe()}: {planned.node} is not in this run's cluster "
-                            f"({', '.join(run_lab.names)})")
-    run_knobs.check_lab(lf, request.knobs)
-    side = backend(lf)
-    doer = fault_cmd.injector(lf, side) if request.drill or request.knobs.changes_engine else None
-    setter = KnobSetter(doer) if doer is not None and request.knobs.changes_engine else None
-    if setter is not None:
-        setter.check(request.knobs, definition.name)
-    for planned in request.drill:
-        assert doer is not None
-        doer.check(planned)
-    lock = locks.try_lock(locks.task_lock_path(lf.state_dir, definition.name))
-    if lock is None:
-        raise UserError(task_in_use(lf, definition.name))
-    return PreparedRun(request, plan, lock, side, doer if request.drill else None, setter)
-
-
-def execute_run(lf: LabFiles, prepared: PreparedRun, terminal: Console | None,
-                detached: bool = False) -> tuple[RunResult, dict, TaskRun]:
-    """Run a prepared run to its verdict: its knobs set first and restored after, however it ends."""
-    request = prepared.request
-    definition = request.definition
-    sinks: list[TerminalSink] = []
-
-    def make_sink(output_log: IO[str]) -> TerminalSink:
-        sinks.append(TerminalSink(lf.lab.names, output_log, terminal))
-        return sinks[0]
-
-    executor = prepared.side.executor(lf.lab.names, request.via)
-    try:
-        session = TaskRun(lf, executor, definition, prepared.plan,
-                          RunOptions(resume=request.resume, detached=detached, metrics=request.metrics,
-                                     knobs=request.knobs), make_sink, injector=prepared.doer)
-        prepared.session = session
-        sink = sinks[0]
-        sink.on_broken = lambda: session.interrupt("the output pipe closed")
-        plan = prepared.plan
-        servers = plan.servers + plan.sidecars
-        sink.event(f"run {definition.name}: servers {', '.join(servers)} first, then {', '.join(plan.finishers)}"
-                   if servers else f"run {definition.name}: {', '.join(plan.finishers)} (no servers)")
-        if request.knobs:
-            sink.event(f"this run's knobs: {request.knobs.describe()}")
-        setter = prepared.knob_setter
-
-        def set_knobs() -> None:
-            if setter is not None:
-                setter.apply(request.knobs, definition.name, list(plan.servers + plan.sidecars + plan.finishers))
-            if prepared.interrupted is not None:
-                session.interrupt(*prepared.interrupted)
-
-        def restore_knobs() -> None:
-            if setter is not None:
-                for said in setter.restore():
-                    sink.event(f"restored: {said}")
-
-        result, data = session.execute(on_start=set_knobs, on_end=restore_knobs)
-        return result, data, session
-    finally:
-        prepared.lock.close()
-
-
-def task_in_use(lf: LabFiles, task: str) -> str:
-    """Why a task cannot be run now: a run of it is going, or execs of it are."""
-    data = history.load(lf.runs_dir / task)
-    if data is not None and history.is_live(data):
-        return (f"run {task} is already going (pid {data['pid']}); `tflab attach {task}` follows it, "
-                f"`tflab stop {task}` ends it")
-    return (f"task {task} is in use: a run of it is starting, or `tflab exec NODE {task}` runs in another "
-            "terminal; wait until it ends (or stop it) before `tflab run " + task + "`")
 
 
 def show_verdict(out: Console, lf: LabFiles, data: dict, folder: Path) -> None:

@@ -13,13 +13,14 @@ from rich.text import Text
 
 from tflab.cli import views
 from tflab.cli.common import LabOption, ViaOption, backend, check_via, console, err_console, open_lab
-from tflab.cli.runs import RunRequest, execute_run, prepare_run
+from tflab.cli.runs import terminal_sinks
 from tflab.engine import guardcmd
 from tflab.errors import UserError
 from tflab.host.labfiles import LabFiles
 from tflab.host.signals import stop_signals
 from tflab.run import history, sweep, sweep_report
 from tflab.run.costmodel import ALLREDUCE, PS
+from tflab.run.request import RunRequest, execute_run, prepare_run
 
 
 def sweep_cmd(
@@ -88,7 +89,7 @@ def sweep_cmd(
                                                 f"{f' (repeat {point.repeat})' if spec.repeats > 1 else ''}")
             request = RunRequest(definition, knobs, grace_s=grace, timeout_s=timeout, via=via)
             try:
-                prepared = prepare_run(lf, request)
+                prepared = prepare_run(lf, request, lambda: backend(lf))
             except UserError as exc:
                 bar.stop()
                 raise UserError(f"point {point.number} ({point.describe()}): {exc}") from None
@@ -96,7 +97,7 @@ def sweep_cmd(
             if stopped[0]:
                 prepared.lock.close()
                 break
-            _result, data, session = execute_run(lf, prepared, terminal=None)
+            _result, data, session = execute_run(lf, prepared, terminal_sinks(lf, None, prepared))
             current[0] = None
             ran_one = True
             if stopped[0] and data.get("verdict") == "interrupted":

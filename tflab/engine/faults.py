@@ -19,6 +19,8 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
+from tflab.engine import daemon
+from tflab.engine.backend import LabBackend
 from tflab.engine.compose_up import CPU_PERIOD
 from tflab.engine.containers import lab_containers
 from tflab.engine.executors import Executor
@@ -44,6 +46,11 @@ class FaultInjector:
         self.client = client
         self.executor_for = executor_for
         self.ssh_target = ssh_target
+
+    @classmethod
+    def for_lab(cls, lf: LabFiles, side: LabBackend) -> FaultInjector:
+        """The injector of the lab whose engine side is `side`."""
+        return cls(lf, daemon.client(), side.executor, lambda node: side.ssh_targets()[node])
 
     # -- what is there ----------------------------------------------------------------------
 
