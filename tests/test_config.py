@@ -9,6 +9,7 @@ from conftest import cli
 
 from tflab.errors import UserError
 from tflab.plan import config as cfg
+from tflab.plan import labfile, taskfile
 from tflab.plan.gpus import Gpu
 from tflab.plan.links import Links
 from tflab.plan.topology import Topology
@@ -24,7 +25,7 @@ def test_round_trip_keeps_everything() -> None:
         links=Links(rate="100mbit", delay_ms=5.0),
         target="swarm", swarm=cfg.SwarmSettings(place={"ps0": "host-a"}, registry="registry.example:5000"),
     )
-    again = cfg.from_yaml(cfg.to_yaml(config))
+    again = labfile.from_yaml(labfile.to_yaml(config))
     assert again.topology == Topology(nodes=4, ps=1, gpus_per_node=2, chief=True, ssh_port_base=30000)
     assert again.gpus == config.gpus
     assert again.tasks == config.tasks
@@ -97,7 +98,7 @@ BAD_FILES = [
 @pytest.mark.parametrize(("text", "message"), BAD_FILES)
 def test_bad_lab_files_name_the_key(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
-        cfg.from_yaml(text)
+        labfile.from_yaml(text)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -149,7 +150,7 @@ def test_unknown_task_names_the_known_ones_and_bad_names_are_refused() -> None:
 
 def test_tasks_keep_their_short_form_when_it_says_everything() -> None:
     tasks = {"a": cfg.Task("a", "x"), "b": cfg.Task("b", "y", ("ps", "worker")), "c": cfg.Task("c", "z", preload=False)}
-    assert cfg.dump_tasks(tasks) == {
+    assert taskfile.dump_tasks(tasks) == {
         "a": "x", "b": {"command": "y", "servers": ["ps", "worker"]}, "c": {"command": "z", "preload": False},
     }
 
@@ -170,3 +171,30 @@ def test_a_moved_lab_keeps_its_project_and_a_copy_beside_it_gets_its_own(runner,
     copy = labfiles.open_lab(tmp_path / "c")
     assert copy.project != project, "a copy beside its original is a lab of its own"
     assert labfiles.open_lab(tmp_path / "b").project == project
+
+
+def test_the_schema_describes_every_setting_of_a_lab_once() -> None:
+    """tflab.yaml's keys, their reading and their writing come from one table: a LabConfig field (or one of
+    its parts') that the table does not name would be neither read nor written."""
+    import dataclasses
+
+    from tflab.plan.labfile import PARTS, SCHEMA, Key, Section
+
+    attrs = [key.attr for entry in SCHEMA for key in (entry.keys if isinstance(entry, Section) else (entry,))]
+    assert len(attrs) == len(set(attrs)), "a setting described twice"
+    expected = set()
+    for field in dataclasses.fields(cfg.LabConfig):
+        if field.name in PARTS:
+            expected |= {f"{field.name}.{f.name}" for f in dataclasses.fields(PARTS[field.name])}  # type: ignore[arg-type]
+        else:
+            expected.add(field.name)
+    assert set(attrs) == expected
+    assert all(isinstance(entry, (Key, Section)) for entry in SCHEMA)
+
+
+def test_an_unknown_key_is_named_with_the_closest_known_one_from_the_schema() -> None:
+    with pytest.raises(UserError, match=r"tflab.yaml: topology.gpus_per_nod is not a key tflab knows \(did you mean "
+                                        r"gpus_per_node\?\); the keys here are: nodes, ps, chief"):
+        labfile.from_yaml("topology:\n  nodes: 2\n  gpus_per_nod: 1\n")
+    with pytest.raises(UserError, match=r"tflab.yaml: link is not a key tflab knows \(did you mean links\?\)"):
+        labfile.from_yaml("topology:\n  nodes: 2\nlink:\n  rate: 1mbit\n")

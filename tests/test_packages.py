@@ -12,6 +12,7 @@ from tflab.engine import compose_lab, packages
 from tflab.errors import UserError
 from tflab.host import buildsettings, labfiles
 from tflab.plan import config as cfg
+from tflab.plan import labfile
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +84,7 @@ def test_bad_packages_and_versions_are_refused_at_gen(runner, tmp_path: Path, ar
 ])
 def test_bad_packages_in_tflab_yaml_name_their_key(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
-        cfg.from_yaml(text)
+        labfile.from_yaml(text)
     assert message in str(caught.value)
 
 

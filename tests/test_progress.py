@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tflab.errors import UserError
-from tflab.plan import config as cfg
+from tflab.plan import taskfile
 from tflab.plan.progress import ProgressReader, Reading, node_rate, rate
 
 
@@ -72,11 +72,11 @@ def test_a_tasks_own_pattern_comes_first() -> None:
 
 def test_a_bad_progress_pattern_in_tflab_yaml_names_its_key() -> None:
     with pytest.raises(UserError, match=r"tasks.train.progress needs a named group \(\?P<step>...\)"):
-        cfg.parse_tasks({"train": {"command": "python t.py", "progress": r"iter (\d+)"}}, "tflab.yaml")
+        taskfile.parse_tasks({"train": {"command": "python t.py", "progress": r"iter (\d+)"}}, "tflab.yaml")
     with pytest.raises(UserError, match=r"tasks.train.progress is not a regular expression"):
-        cfg.parse_tasks({"train": {"command": "python t.py", "progress": r"iter (?P<step>\d+"}}, "tflab.yaml")
-    task = cfg.parse_tasks({"train": {"command": "python t.py", "progress": r"it (?P<step>\d+)"}}, "x")["train"]
-    assert cfg.dump_tasks({"train": task}) == {"train": {"command": "python t.py", "progress": r"it (?P<step>\d+)"}}
+        taskfile.parse_tasks({"train": {"command": "python t.py", "progress": r"iter (?P<step>\d+"}}, "tflab.yaml")
+    task = taskfile.parse_tasks({"train": {"command": "python t.py", "progress": r"it (?P<step>\d+)"}}, "x")["train"]
+    assert taskfile.dump_tasks({"train": task}) == {"train": {"command": "python t.py", "progress": r"it (?P<step>\d+)"}}
 
 
 def test_steps_per_second_from_steps_else_from_the_rate_a_program_reports() -> None:

@@ -15,6 +15,7 @@ from tflab.cli.common import LabOption, console
 from tflab.errors import UserError
 from tflab.host import buildsettings, hardware, labfiles, ports, proc
 from tflab.plan import config as cfg
+from tflab.plan import taskfile
 from tflab.plan import links, machines
 from tflab.plan.gpus import Gpu, parse_gpu_list
 from tflab.plan.topology import (
@@ -148,7 +149,7 @@ def gen(
         scaffold[cfg.CODE_DIR] = examples
         existing = root / cfg.CODE_DIR
         tasks = (labfiles.code_tasks(existing) if existing.is_dir()
-                 else cfg.tasks_from_text(examples[cfg.LAB_FILE].decode(), "tflab's examples"))
+                 else taskfile.tasks_from_text(examples[cfg.LAB_FILE].decode(), "tflab's examples"))
         code = cfg.CODE_DIR
     else:
         code = lab_relative(code, root, "--code") or cfg.CODE_DIR

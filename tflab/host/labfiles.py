@@ -12,7 +12,9 @@ from pathlib import Path
 from tflab.errors import UserError
 from tflab.plan import config as cfg
 from tflab.plan import machines
-from tflab.plan.config import LAB_FILE, LabConfig, Task, tasks_from_text
+from tflab.plan.config import LAB_FILE, LabConfig, Task
+from tflab.plan.labfile import from_yaml, to_yaml
+from tflab.plan.taskfile import tasks_from_text
 from tflab.plan.topology import Lab, plan
 from tflab.render import image_files, templates
 
@@ -235,7 +237,7 @@ def write_lab(config: LabConfig, root: Path, force: bool,
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
     check_paths(config, root, scaffold)
     lab = plan(config.topology, config.gpus, config.host)
-    lab_yaml = cfg.to_yaml(config)
+    lab_yaml = to_yaml(config)
     context = image_files.image_context(config)
     project = project_of(root, config.name)  # an existing lab's (gen --force) stays its own
     compose = templates.compose_file(lab, config, root, image_files.image_tag(context), project)
@@ -284,7 +286,7 @@ def load(lab_dir: Path) -> LabConfig:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from exc
-    return cfg.from_yaml(text, str(path))
+    return from_yaml(text, str(path))
 
 
 def code_tasks(code_dir: Path) -> dict[str, Task]:

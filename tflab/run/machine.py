@@ -25,7 +25,6 @@ its decisions about drills in run/drill_rules.py.
 
 from __future__ import annotations
 
-from tflab.plan import progress
 from tflab.plan.tasks import OOM
 from tflab.plan.topology import GRPC_PORT
 from tflab.run.drill_rules import DrillRules
@@ -36,15 +35,12 @@ from tflab.run.events import (
     Event,
     Exited,
     Finish,
-    Heal,
     Healed,
-    Inject,
     Injected,
     Interrupt,
     Printed,
     PeerEnded,
     Release,
-    Revive,
     Revived,
     Say,
     Serving,

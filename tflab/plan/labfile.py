@@ -1,0 +1,334 @@
+"""tflab.yaml's schema, described once: every key, where it lands in LabConfig, how it is read and written.
+
+`SCHEMA` lists the file's entries in the order they are written. Each `Key` names its place in the
+file, the LabConfig attribute it becomes, the check that reads it (strictly: every error names its
+key) and, where the attribute is not the value written, how it is written. The allowed keys of
+each mapping, the reading (`from_yaml`) and the writing (`to_yaml`) all come from this one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import yaml
+
+from tflab.errors import UserError
+from tflab.plan import links as link_rules
+from tflab.plan import machines, taskfile
+from tflab.plan.config import (
+    AUTO_BASE,
+    DEFAULT_RUNS,
+    LAB_FILE,
+    PLACEHOLDERS,
+    TARGETS,
+    LabConfig,
+    Packages,
+    SwarmSettings,
+    check_apt,
+    check_host_label,
+    check_image_ref,
+    check_one_line,
+    check_pip,
+    check_tensorflow,
+)
+from tflab.plan.config import Task
+from tflab.plan.gpus import Gpu
+from tflab.plan.links import Links
+from tflab.plan.machines import HostFacts
+from tflab.plan.strictyaml import Reader, load_yaml, shown
+from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology
+
+ReadKey = Callable[[Reader, dict, str, str], Any]  # (reader, the mapping, the key, where the mapping is) -> value
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of tflab.yaml."""
+
+    name: str
+    attr: str  # where its value lands in LabConfig: "tasks", "topology.nodes", "links.rate"
+    read: ReadKey
+    write: Callable[[LabConfig], Any] | None = None  # its value in the file (default: the attribute's)
+
+    def written(self, config: LabConfig) -> Any:
+        return self.write(config) if self.write is not None else attrgetter(self.attr)(config)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping of keys (`topology:`, `ports:` ...), written when `when` says so."""
+
+    name: str
+    keys: tuple[Key, ...]
+    when: Callable[[LabConfig], bool] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(key.name for key in self.keys)
+
+
+# -- how values are read ---------------------------------------------------------------------------
+
+
+def whole(default: int, minimum: int | None = None, maximum: int | None = None) -> ReadKey:
+    return lambda read, doc, key, where: read.whole(doc, key, where, default, minimum, maximum)
+
+
+def integer(default: int | None, minimum: int | None = None) -> ReadKey:
+    return lambda read, doc, key, where: read.integer(doc, key, where, default, minimum)
+
+
+def boolean(default: bool) -> ReadKey:
+    return lambda read, doc, key, where: read.boolean(doc, key, where, default)
+
+
+def text(default: str) -> ReadKey:
+    return lambda read, doc, key, where: read.text(doc, key, where, default)
+
+
+def string(default: str | None, choices: tuple[str, ...] | None = None,
+           check: Callable[[str, str], object] | None = None) -> ReadKey:
+    """A text (or `default`); `check(value, name)` raises a UserError for a value it refuses."""
+    def read_it(read: Reader, doc: dict, key: str, where: str) -> str | None:
+        value = read.string(doc, key, where, default, choices=choices)
+        if value is not None and check is not None:
+            try:
+                check(value, f"{where}.{key}" if where else key)
+            except UserError as exc:
+                raise UserError(f"{read.source}: {exc}") from None
+        return value if value is not None else default
+    return read_it
+
+
+def path(default: str | None) -> ReadKey:
+    """A folder of the lab (code, data, runs): a text, as written."""
+    def read_it(read: Reader, doc: dict, key: str, where: str) -> str | None:
+        read.string(doc, key, where, None)
+        return doc.get(key) or default
+    return read_it
+
+
+def share(check: Callable[[str, str], str]) -> ReadKey:
+    """A node's CPUs or memory: auto, 0 or an amount."""
+    def read_it(read: Reader, doc: dict, key: str, where: str) -> str:
+        value = doc.get(key, machines.AUTO)
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise read.fail(f"{where}.{key}", f"must be auto, 0 or a number, not {shown(value)}")
+        try:
+            return check(str(value), f"{where}.{key}")
+        except UserError as exc:
+            raise UserError(f"{read.source}: {exc}") from None
+    return read_it
+
+
+def link_rate(read: Reader, doc: dict, key: str, where: str) -> str | None:
+    rate = read.string(doc, key, where, None)
+    try:
+        return link_rules.parse_rate(rate, f"{where}.{key}") if rate else None
+    except UserError as exc:
+        raise UserError(f"{read.source}: {exc}") from None
+
+
+def link_delay(read: Reader, doc: dict, key: str, where: str) -> float | None:
+    delay = doc.get(key)
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        raise read.fail(f"{where}.{key}", f"must be a number of milliseconds, not {shown(delay)}")
+    try:
+        return link_rules.parse_delay(delay, f"{where}.{key}")
+    except UserError as exc:
+        raise UserError(f"{read.source}: {exc}") from None
+
+
+def package_list(check: Callable[[str, str], str]) -> ReadKey:
+    def read_it(read: Reader, doc: dict, key: str, where: str) -> tuple[str, ...]:
+        values = doc.get(key) or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise read.fail(f"{where}.{key}", f"must be a list of texts, not {shown(values)}")
+        try:
+            return tuple(check(v, f"{where}.{key}") for v in values)
+        except UserError as exc:
+            raise UserError(f"{read.source}: {exc}") from None
+    return read_it
+
+
+def tensorflow(read: Reader, doc: dict, key: str, where: str) -> str | None:
+    value = read.string(doc, key, where, None)
+    if value is not None:
+        try:
+            check_tensorflow(str(value))
+        except UserError as exc:
+            raise UserError(f"{read.source}: {where}.{key}: {exc}") from None
+    return value
+
+
+def placement(read: Reader, doc: dict, key: str, where: str) -> dict[str, str]:
+    place = read.mapping(doc.get(key), f"{where}.{key}")
+    for node, host in place.items():
+        if not isinstance(host, str) or not host:
+            raise read.fail(f"{where}.{key}.{node}", f"must name a host, not {shown(host)}")
+        try:
+            check_host_label(host, f"{where}.{key}.{node}")
+        except UserError as exc:
+            raise UserError(f"{read.source}: {exc}") from None
+    return dict(place)
+
+
+def gpus(read: Reader, doc: dict, key: str, where: str) -> tuple[Gpu, ...]:
+    entries = doc.get(key) or []
+    if not isinstance(entries, list):
+        raise read.fail(key, f"must be a list, not {shown(entries)}")
+    found = []
+    for number, raw in enumerate(entries):
+        at = f"{key}[{number}]"
+        entry = read.mapping(raw, at, ("index", "uuid", "name", "memory_mib"))
+        index = read.integer(entry, "index", at, None, minimum=0)
+        if index is None:
+            raise read.fail(f"{at}.index", "is missing")
+        found.append(Gpu(index=index, uuid=read.string(entry, "uuid", at, None) or "",
+                         name=read.string(entry, "name", at, None) or "",
+                         memory_mib=read.integer(entry, "memory_mib", at, 0, minimum=0) or 0))
+    return tuple(found)
+
+
+def write_gpus(config: LabConfig) -> list[dict[str, Any]]:
+    return [{k: v for k, v in (("index", g.index), ("name", g.name), ("memory_mib", g.memory_mib)) if v or k == "index"}
+            for g in config.gpus]
+
+
+def host(read: Reader, doc: dict, key: str, where: str) -> HostFacts:
+    """`host:` (absent in labs made before the split: nothing to split then)."""
+    facts = read.mapping(doc.get(key), key, ("cpus", "numa", "gpu_numa", "memory_mib"))
+
+    def cpus_of(value: Any, at: str) -> tuple[int, ...]:
+        if value in (None, ""):
+            return ()
+        try:
+            return machines.parse_cpu_list(str(value))
+        except ValueError:
+            raise read.fail(at, f"must be a CPU list such as 0-7,16-23, not {shown(value)}") from None
+
+    numa, gpu_numa = {}, {}
+    for node, value in read.mapping(facts.get("numa"), "host.numa").items():
+        if not (str(node).isascii() and str(node).isdigit()):
+            raise read.fail(f"host.numa.{node}", "must be a NUMA node number")
+        numa[int(node)] = cpus_of(value, f"host.numa.{node}")
+    for gpu, value in read.mapping(facts.get("gpu_numa"), "host.gpu_numa").items():
+        if not (str(gpu).isascii() and str(gpu).isdigit()) or isinstance(value, bool) or not isinstance(value, int):
+            raise read.fail(f"host.gpu_numa.{gpu}", "maps a GPU index to its NUMA node number")
+        gpu_numa[int(gpu)] = value
+    return HostFacts(cpus=cpus_of(facts.get("cpus"), "host.cpus"), numa_cpus=numa, gpu_numa=gpu_numa,
+                     memory_mib=read.integer(facts, "memory_mib", "host", 0, minimum=0) or 0)
+
+
+def write_host(config: LabConfig) -> dict[str, Any]:
+    """The host's facts as tflab.yaml keeps them (CPU lists as the kernel writes them)."""
+    facts = config.host
+    return {"cpus": machines.cpu_list(facts.cpus),
+            "numa": {str(node): machines.cpu_list(cpus) for node, cpus in sorted(facts.numa_cpus.items())},
+            "gpu_numa": {str(gpu): node for gpu, node in sorted(facts.gpu_numa.items())},
+            "memory_mib": facts.memory_mib}
+
+
+def tasks(read: Reader, doc: dict, key: str, where: str) -> dict[str, Task]:
+    return taskfile.parse_tasks(doc.get(key), read.source)
+
+
+# -- the schema ------------------------------------------------------------------------------------
+
+SCHEMA: tuple[Key | Section, ...] = (
+    Key("name", "name", string("lab", check=check_one_line)),
+    Key("target", "target", string("compose", choices=TARGETS)),
+    Section("topology", (
+        Key("nodes", "topology.nodes", whole(1, minimum=1, maximum=4096)),
+        Key("ps", "topology.ps", integer(None, minimum=0), write=lambda c: c.topology.ps_count),
+        Key("chief", "topology.chief", boolean(False)),
+        Key("evaluator", "topology.evaluator", boolean(False)),
+        Key("gpus_per_node", "topology.gpus_per_node", whole(0, minimum=0)),
+        Key("share_gpus", "topology.share_gpus", boolean(False)),
+        Key("cpus_per_node", "topology.cpus_per_node", share(machines.check_cpu_choice)),
+        Key("memory_per_node", "topology.memory_per_node", share(machines.check_memory_choice)),
+    )),
+    Key("gpus", "gpus", gpus, write=write_gpus),
+    Key("host", "host", host, write=write_host),
+    Section("ports", (
+        Key("ssh_base", "topology.ssh_port_base", whole(SSH_PORT_BASE, minimum=1, maximum=65535)),
+        Key("tensorboard_base", "topology.tensorboard_port_base", whole(TENSORBOARD_PORT_BASE, minimum=1, maximum=65535)),
+        Key("bind", "topology.bind", text(LOOPBACK)),
+    )),
+    Section("image", (
+        Key("base", "base_image", string(AUTO_BASE, check=check_image_ref)),
+        Key("tensorflow", "tensorflow", tensorflow),
+        Key("shm_size", "shm_size", string("2g")),
+        Key("memlock", "memlock", integer(None, minimum=-1)),
+    )),
+    Section("packages", (
+        Key("pip", "packages.pip", package_list(check_pip), write=lambda c: list(c.packages.pip)),
+        Key("apt", "packages.apt", package_list(check_apt), write=lambda c: list(c.packages.apt)),
+    )),
+    Section("links", (
+        Key("rate", "links.rate", link_rate),
+        Key("delay_ms", "links.delay_ms", link_delay),
+    )),
+    Key("faults", "faults", boolean(False)),
+    Section("swarm", (
+        Key("place", "swarm.place", placement, write=lambda c: dict(c.swarm.place)),
+        Key("registry", "swarm.registry", string(None)),
+    ), when=lambda c: c.target == "swarm"),
+    Key("code", "code", path(None)),
+    Key("data", "data", path(None)),
+    Key("data_mode", "data_mode", string("copy", choices=("copy", "mount"))),
+    Key("runs", "runs", path(DEFAULT_RUNS)),
+    Key("warm", "warm", boolean(True)),
+    Key("tasks", "tasks", tasks, write=lambda c: taskfile.dump_tasks(c.tasks)),
+)
+TOP_KEYS = tuple(entry.name for entry in SCHEMA)
+# The LabConfig attributes that are objects of their own: `topology.nodes` is Topology's `nodes`.
+PARTS: dict[str, Callable[..., Any]] = {"topology": Topology, "links": Links, "swarm": SwarmSettings,
+                                        "packages": Packages}
+
+
+def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
+    """Read tflab.yaml's text; anything malformed is a UserError naming its key."""
+    doc = load_yaml(text, source)
+    read = Reader(source)
+    if doc is None:
+        raise UserError(f"{source} is empty: a lab's file names its topology at least; `tflab gen` writes one")
+    if not isinstance(doc, dict):
+        raise UserError(f"{source} must be a mapping of keys ({', '.join(TOP_KEYS)})")
+    doc = read.mapping(doc, "(top level)", TOP_KEYS)
+    values: dict[str, Any] = {}
+    for entry in SCHEMA:
+        if isinstance(entry, Section):
+            part = read.mapping(doc.get(entry.name), entry.name, entry.names)
+            for key in entry.keys:
+                values[key.attr] = key.read(read, part, key.name, entry.name)
+        else:
+            values[entry.attr] = entry.read(read, doc, entry.name, "")
+    top: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {name: {} for name in PARTS}
+    for attr, value in values.items():
+        head, _, rest = attr.partition(".")
+        if rest:
+            parts[head][rest] = value
+        else:
+            top[attr] = value
+    return LabConfig(**top, **{name: PARTS[name](**kwargs) for name, kwargs in parts.items()})
+
+
+def to_yaml(config: LabConfig) -> str:
+    """tflab.yaml's text for `config`."""
+    doc: dict[str, Any] = {}
+    for entry in SCHEMA:
+        if isinstance(entry, Section):
+            if entry.when is None or entry.when(config):
+                doc[entry.name] = {key.name: key.written(config) for key in entry.keys}
+        else:
+            doc[entry.name] = entry.written(config)
+    header = ("# tflab lab: edit it, then run `tflab up` again.\n"
+              "# Task placeholders: " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + "\n")
+    return header + yaml.safe_dump(doc, sort_keys=False, width=1000)
