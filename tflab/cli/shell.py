@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import queue
 import shlex
 import shutil
 import sys
@@ -22,13 +20,13 @@ from tflab.cli.common import (
     err_console,
     open_lab,
 )
-from tflab.engine import guardcmd
 from tflab.engine.backend import LabBackend
 from tflab.engine.executors import ssh_argv
 from tflab.errors import Interrupted, UserError
 from tflab.host import locks, proc
 from tflab.host.signals import stop_signals
 from tflab.plan import tasks
+from tflab.run.command import CommandRun
 from tflab.run.exec_session import ExecResult, ExecSession, ExecSetup
 from tflab.run.runplan import exec_plan, run_plan
 
@@ -113,26 +111,17 @@ def _exec_command(side: LabBackend, node: str, argv: list[str], use_tty: bool, v
     """Any command in a node: on this terminal (`docker exec -it`, `ssh -t`), else attached through the guard."""
     if use_tty:
         return proc.interactive(side.interactive(node, argv, via))
-    executor = side.executor([node], via)
-    key = guardcmd.exec_key("cmd", node, str(os.getpid()))
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    output = StreamOut(on_broken=lambda: events.put(("stop", "its output was closed", False)))
-    process = executor.start(node, guardcmd.run_argv(key, argv), output,
-                             lambda code, reason: events.put(("exit", code, reason)))
+    output = StreamOut(on_broken=lambda: command.interrupt("its output was closed"))
+    command = CommandRun(side.executor([node], via), node, argv, output)
     # Like `run`, stop the command in the node on Ctrl-C (a bare `docker exec` would leave it running).
-    with stop_signals(lambda reason, force: events.put(("stop", reason, force))):
-        while True:
-            kind, first, second = events.get()
-            if kind == "exit":
-                break
-            process.close()
+    with stop_signals(command.interrupt):
+        finish = command.run()
     output.finish()
     if output.broken:
         return SIGPIPE_EXIT  # as a program writing into a closed pipe ends
-    if first is None:
-        err_console().print(f"tflab: the command in {node} ended with no exit code: {second}", markup=False)
-        return 255
-    return int(first)
+    if finish.exit_code == 255 and finish.problem:
+        err_console().print(f"tflab: {finish.problem}", markup=False)
+    return finish.exit_code
 
 
 def ssh(

@@ -34,8 +34,8 @@ from tflab.host.locks import file_lock
 from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
-from tflab.run.events import Began, Exited, Finish, Interrupt, PeerEnded, Printed, Say, Start, Stop, Tick
-from tflab.run.launcher import RECORD_EVERY_S, TICK_S  # one supervision pace for runs and execs
+from tflab.run.drive import RECORD_EVERY_S, Every, drive
+from tflab.run.events import Action, Began, Exited, Interrupt, PeerEnded, Printed, Say, Stop
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
 
@@ -277,67 +277,45 @@ class ExecSession:
                 self.events.put(Exited(setup.node, code, self.clock(), reason))
 
         began = self.clock()
-        actions = machine.handle(Began(began))
+        first = machine.handle(Began(began))
         self.node_started = True  # from here on an interrupt is queued, and handled below
         process = self.executor.start(setup.node, argv, on_output, on_exit, env=setup.env)
         watching = threading.Event()
         background(self._watch_chief, watching, name="watch-chief")
-        interrupted: str | None = None
-        forced_at: float | None = None
-        last_record = self.clock()
+        forced_at: list[float | None] = [None]
+
+        def carry_out(actions: list[Action]) -> None:
+            for action in actions:  # the node's start and release are the process started above
+                if isinstance(action, Say):
+                    self.say(action.message)
+                elif isinstance(action, Stop):
+                    if action.force:
+                        forced_at[0] = forced_at[0] or self.clock()
+                        background(self._force_stop, key, name="force-stop")
+                    process.close()  # the guard stops the process group: TERM, then KILL
+
+        def keep_record(now: float) -> None:
+            if self.record:  # its steps/s kept current for `tflab top`
+                rate = machine.nodes[setup.node].rate(history.RECENT_S)
+                self.record["steps_per_s"] = None if rate is None else round(rate, 2)
+                self.records.write(setup.node, self.record)
+
+        def give_up(now: float) -> str | None:
+            if forced_at[0] is None or now - forced_at[0] <= FORCE_WAIT_S or not machine.running():
+                return None
+            # a frozen (paused) node's process cannot be stopped: say so and leave, as `run` does
+            self.say(f"{setup.node} did not stop within {FORCE_WAIT_S:g}s of the second Ctrl-C (is it "
+                     "paused? `tflab fault clear`); left to the node")
+            return "did not stop; left running"
+
         try:
-            while not machine.finished or machine.running():
-                if self.clock() - last_record >= RECORD_EVERY_S and self.record:
-                    last_record = self.clock()  # its steps/s kept current for `tflab top`
-                    rate = machine.nodes[setup.node].rate(history.RECENT_S)
-                    self.record["steps_per_s"] = None if rate is None else round(rate, 2)
-                    self.records.write(setup.node, self.record)
-                for action in actions:
-                    if isinstance(action, Say):
-                        self.say(action.message)
-                    elif isinstance(action, Stop):
-                        if action.force:
-                            forced_at = forced_at or self.clock()
-                            background(self._force_stop, key, name="force-stop")
-                        process.close()  # the guard stops the process group: TERM, then KILL
-                if forced_at is not None and self.clock() - forced_at > FORCE_WAIT_S and machine.running():
-                    # a frozen (paused) node's process cannot be stopped: say so and leave, as `run` does
-                    self.say(f"{setup.node} did not stop within {FORCE_WAIT_S:g}s of the second Ctrl-C (is it "
-                             "paused? `tflab fault clear`); left to the node")
-                    for name in machine.running():
-                        machine.handle(Exited(name, None, self.clock(), "did not stop; left running"))
-                    break
-                try:
-                    event = self.events.get(timeout=TICK_S)
-                except queue.Empty:
-                    event = Tick(self.clock())
-                if isinstance(event, Interrupt):
-                    interrupted = interrupted or event.reason
-                actions = [a for a in machine.handle(event) if not isinstance(a, (Start, Finish))]
-                if not isinstance(event, Tick):
-                    actions += [a for a in machine.handle(Tick(self.clock())) if not isinstance(a, (Start, Finish))]
+            carry_out(first)
+            drive(machine, self.events, carry_out, self.clock, every=(Every(RECORD_EVERY_S, keep_record),),
+                  give_up=give_up)
         finally:
             watching.set()
             log.close()
-        for action in actions:
-            if isinstance(action, Say):
-                self.say(action.message)
         node = machine.nodes[setup.node]
-        finish = machine.finish
-        assert finish is not None
-        rate = node.rate()
-        duration = (node.ended or self.clock()) - began
-        if interrupted:
-            code, verdict = 130, "interrupted"
-        elif node.verdict == "hung":
-            code, verdict = 1, "hung"
-        elif node.verdict == "oom":
-            code, verdict = node.exit_code or 137, "oom"
-        elif node.exit_code is None:
-            code, verdict = 255, "failed"
-        else:
-            code, verdict = node.exit_code, "ok" if node.exit_code == 0 else "failed"
-        problem = finish.problem if verdict != "ok" else None
-        if verdict == "failed" and node.exit_code is None:
-            problem = f"{setup.node}'s {setup.task} ended with no exit code: {node.reason}"
-        return ExecResult(code, verdict, duration, rate, problem, log=log_path)
+        verdict = machine.verdict_of(setup.node)
+        return ExecResult(verdict.exit_code, verdict.verdict, (node.ended or self.clock()) - began, node.rate(),
+                          verdict.problem, log=log_path)

@@ -1,9 +1,10 @@
-"""`tflab run`'s process I/O: carries out what the run state machine decides.
+"""`tflab run`'s processes: started in the nodes, their output read into events, the machine's decisions carried out.
 
-Threads only read output and wait; every decision is `runstate.RunMachine`'s. Each
-reader reports its process's end from a `finally` (executor.py), and the loop below
-processes every queued event, in order, before it acts on a verdict, so no exit is ever
-missed. Signals reach the run as `interrupt()`, which is safe to call from a handler.
+Threads only read output and wait; every decision is the run's state machine's (run/machine.py).
+Each reader reports its process's end from a `finally` (engine/executors.py), and the one
+supervision loop (run/drive.py) hands every queued event to the machine, in order, before it
+acts on a verdict, so no exit is ever missed. Signals reach the run as `interrupt()`, which is
+safe to call from a handler.
 """
 
 from __future__ import annotations
@@ -42,14 +43,12 @@ from tflab.run.events import (
     Serving,
     Start,
     Stop,
-    Tick,
 )
-from tflab.run.runplan import RunPlan
+from tflab.run.drive import RECORD_EVERY_S, Every, drive
 from tflab.run.machine import RunMachine
+from tflab.run.runplan import RunPlan
 
 log = logging.getLogger("tflab.launcher")
-TICK_S = 0.2  # the supervision loops (runs and execs) tick this often
-RECORD_EVERY_S = 2.0  # ... and write their records this often
 
 
 class Injector(Protocol):
@@ -143,37 +142,28 @@ class Launcher:
         self._began = self.clock()
         self._apply(self.machine.handle(Began(self._began)))
         self.on_state("starting", self.machine)
-        last_tick = last_report = self.clock()
-        drain_deadline: float | None = None
-        announced_running = False
-        last_record = 0.0
-        while True:
-            try:
-                event: Event | None = self.events.get(timeout=TICK_S)
-            except queue.Empty:
-                event = None
-            now = self.clock()
-            if event is not None:
-                self._apply(self.machine.handle(event))
-            if now - last_tick >= TICK_S or event is None:
-                last_tick = now
-                self._apply(self.machine.handle(Tick(now)))
-            if not announced_running and self.machine.released:
-                announced_running = True
-                last_record = now
+        recorded: list[float | None] = [None]
+        drain_deadline: list[float | None] = [None]
+
+        def keep_record(now: float) -> None:
+            """run.json says "running" once the workers are released, then is kept current (`tflab top`, `runs`)."""
+            if self.machine.released and not self.machine.finished and (
+                    recorded[0] is None or now - recorded[0] >= RECORD_EVERY_S):
+                recorded[0] = now
                 self.on_state("running", self.machine)
-            elif announced_running and not self.machine.finished and now - last_record >= RECORD_EVERY_S:
-                last_record = now  # run.json's steps/s kept current (`tflab top`, `tflab runs`)
-                self.on_state("running", self.machine)
-            if now - last_report >= self.setup.report_every_s and not self.machine.finished:
-                last_report = now
+
+        def report(now: float) -> None:
+            if not self.machine.finished:
                 self._report_rates()
-            if self.machine.finished:
-                drain_deadline = drain_deadline or now + self.setup.stop_grace_s + 15
-                if not self.machine.running() or now > drain_deadline:
-                    break
-        for name in self.machine.running():  # never ended, even when told to: say so
-            self.machine.handle(Exited(name, None, self.clock(), "did not stop; killed"))
+
+        def give_up(now: float) -> str | None:
+            if not self.machine.finished:
+                return None
+            deadline = drain_deadline[0] = drain_deadline[0] or now + self.setup.stop_grace_s + 15
+            return "did not stop; killed" if now > deadline else None  # never ended, even when told to
+
+        drive(self.machine, self.events, self._apply, self.clock,
+              every=(Every(0.0, keep_record), Every(self.setup.report_every_s, report)), give_up=give_up)
         self._heal_drills()
         self._sweep(nodes, force=True)
         if self.setup.warm:

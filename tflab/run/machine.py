@@ -50,7 +50,7 @@ from tflab.run.events import (
 )
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import FINISHER, SERVER, SIDECAR, RunPlan
-from tflab.run.verdicts import how_it_ended, hung_message, teardown_message
+from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, teardown_message
 
 
 class RunMachine(DrillRules):
@@ -117,6 +117,11 @@ class RunMachine(DrillRules):
     @property
     def finished(self) -> bool:
         return self.finish is not None
+
+    def verdict_of(self, name: str) -> Finish:
+        """The decided run as one node's `tflab exec` reports it (run/verdicts.py)."""
+        assert self.finish is not None, "the run is not decided yet"
+        return node_verdict(self.finish, self.nodes[name])
 
     def running(self) -> list[str]:
         """Nodes whose process has started and not yet ended (held ones included)."""

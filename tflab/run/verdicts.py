@@ -1,8 +1,8 @@
-"""The sentences a run's verdicts say: how a node ended, why a worker is called hung, why one is not."""
+"""The sentences a run's verdicts say (how a node ended, why a worker is hung, why one is not), and one node's verdict."""
 
 from __future__ import annotations
 
-from tflab.run.events import Exited
+from tflab.run.events import Exited, Finish
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import RunPlan
 
@@ -48,3 +48,19 @@ def teardown_message(plan: RunPlan, name: str, after: float) -> str:
     return (f"{name} finished training, then stayed {after:.0f}s in TensorFlow's teardown, calling the "
             f"coordination service that ended with {chief}: stopped, and counted as finished "
             f"(a cluster's job succeeds when its chief does)")
+
+
+def node_verdict(finish: Finish, node: NodeRun) -> Finish:
+    """A decided run as one node's `tflab exec` reports it: the node's own exit code where it ended by itself,
+    else what ended it (130 interrupted, 1 hung, 137 out of memory, 255 no exit code)."""
+    if finish.verdict == "interrupted":
+        return Finish(130, "interrupted", finish.problem)
+    if node.verdict == "ok":
+        return Finish(0, "ok")  # ended 0, or trained and was stopped in TensorFlow's teardown
+    if node.verdict == "hung":
+        return Finish(1, "hung", finish.problem)
+    if node.verdict == "oom":
+        return Finish(node.exit_code or 137, "oom", finish.problem)
+    if node.exit_code is None:
+        return Finish(255, "failed", finish.problem or f"{node.name} ended with no exit code: {node.reason}")
+    return Finish(node.exit_code, "failed", finish.problem)
