@@ -37,7 +37,7 @@ from tflab.engine import compose_lab as lab_ops  # noqa: E402
 from tflab.engine import copying, daemon  # noqa: E402
 from tflab.engine.containers import lab_containers  # noqa: E402
 from tflab.host import labfiles  # noqa: E402
-from tflab.plan import machines  # noqa: E402
+from tflab.plan import shares  # noqa: E402
 
 TFLAB = [sys.executable, "-m", "tflab"]
 OLD_REVISION = "d43b0a4"  # main before issues 10-14: the cold start they are measured against
@@ -361,8 +361,8 @@ def bench_scale(root: Path, repeats: int) -> None:
                 warm.append(node_memory_mb(lab))
             firsts.append(first_step_time([*TFLAB, "run", "short", "--lab", str(lab)], ["worker0"], timeout=1800))
             down(lab)
-        machine = labfiles.open_lab(gen(root, count)).lab.nodes[0].machine
-        share = f"{machine.cpus:g} CPU, {machines.memory_text(machine.memory_mib)} each"
+        machine = labfiles.open_lab(gen(root, count)).lab.nodes[0].share
+        share = f"{machine.cpus:g} CPU, {shares.memory_text(machine.memory_mib)} each"
         row(f"scale, {count} nodes ({share}): `tflab up`", ups, None, note="for the record")
         row(f"scale, {count} nodes: time to the chief's first step", firsts, None, note="for the record")
         row(f"scale, {count} nodes: memory per node, idle (no warm interpreter)", idle, None, unit=" MB",
@@ -372,8 +372,8 @@ def bench_scale(root: Path, repeats: int) -> None:
                 note="for the record")
         else:
             ROWS.append((f"scale, {count} nodes: memory per node, with the warm interpreter", "-", "-", "-",
-                         f"off: {machines.memory_text(machine.memory_mib)} a node is below "
-                         f"{machines.memory_text(machines.WARM_MIN_MIB)}"))
+                         f"off: {shares.memory_text(machine.memory_mib)} a node is below "
+                         f"{shares.memory_text(shares.WARM_MIN_MIB)}"))
 
 
 # -- links -------------------------------------------------------------------------------------

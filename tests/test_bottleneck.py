@@ -99,7 +99,7 @@ def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> N
     from tflab.run.runplan import RunPlan
     from tflab.run.machine import RunMachine
 
-    from tflab.plan.machines import HostFacts
+    from tflab.plan.shares import HostFacts
 
     lab = plan(Topology(nodes=4, cpus_per_node="0.5"), [], HostFacts(cpus=(0, 1), numa_cpus={0: (0, 1)},
                                                                      memory_mib=8192))

@@ -37,7 +37,7 @@ def nothing_left(lab: Path, client) -> None:
         _, rules = exec_quiet(client, container, ["sh", "-c", "iptables -S 2>/dev/null; tc qdisc show"])
         assert "TFLAB" not in rules and " tbf " not in rules and "netem" not in rules, (name, rules)
         quota = container.attrs["HostConfig"].get("CpuQuota") or 0
-        planned = lf.lab.node(name).machine.quota
+        planned = lf.lab.node(name).share.quota
         assert quota == (int(planned * 100_000) if planned else 0), (name, quota)
 
 

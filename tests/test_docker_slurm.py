@@ -72,7 +72,7 @@ def cluster(labs, runner):
     assert up.exit_code == 0, up.stderr
     lf = labfiles.open_lab(lab)
     image = lab_containers(labs.client, lf.project)["ps0"].image.tags[0]
-    memory = max(n.machine.memory_mib or 0 for n in lf.lab.nodes) or 2048
+    memory = max(n.share.memory_mib or 0 for n in lf.lab.nodes) or 2048
     name = f"tflab-slurm-{uuid.uuid4().hex[:6]}"
     made = subprocess.run([*FIXTURE, "up", "--image", image, "--share", str(lab.parent), "--nodes", "4", "--cpus", "1",
                            "--memory", str(memory), "--name", name], capture_output=True, text=True, timeout=1800)

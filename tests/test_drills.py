@@ -252,7 +252,7 @@ def test_the_injector_refuses_a_cpu_share_beyond_the_nodes_cpus_before_the_engin
     assert runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2"]).exit_code == 0
     lf = labfiles.open_lab(tmp_path / "lab")
     injector = FaultInjector(lf, client=None, executor_for=None, ssh_target=None)
-    most = len(lf.lab.node("worker0").machine.cpuset) or len(lf.config.host.cpus)
+    most = len(lf.lab.node("worker0").share.cpuset) or len(lf.config.host.cpus)
     with pytest.raises(UserError, match=rf"cpu worker0 64: worker0 runs on .*so it cannot have more than {most} CPU"):
         injector.check(parse("cpu worker0 64", ("ps0", "worker0"), timed=False))
     with pytest.raises(UserError, match="changes a node's network, which needs the NET_ADMIN capability"):

@@ -25,3 +25,53 @@ def test_a_socket_is_written_to_as_it_is() -> None:
     ours, node = socket.socketpair()
     with ours, node:
         assert writable(ours) is ours
+
+
+def _ssh_like(script: str):
+    """A local child in _SshProcess, as an ssh client would be (its stdin the guard's input)."""
+    import subprocess
+    import threading
+
+    from tflab.engine.executors import _SshProcess
+
+    child = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    process = _SshProcess(child)
+    out: list[tuple[bytes, bool]] = []
+    ends: list[tuple] = []
+    done = threading.Event()
+
+    def on_output(chunk: bytes, is_err: bool) -> None:
+        out.append((chunk, is_err))
+        if chunk.startswith(b"boom"):
+            raise RuntimeError("a reader that fails")
+
+    def on_exit(code, reason) -> None:
+        ends.append((code, reason))
+        done.set()
+
+    threading.Thread(target=process.pump, args=(on_output, on_exit), daemon=True).start()
+    return process, out, ends, done
+
+
+def test_a_guarded_process_is_released_read_to_its_end_and_ends_once() -> None:
+    process, out, ends, done = _ssh_like('read word; echo "got $word"; sleep 0.2; echo boom; sleep 0.2; '
+                                         'echo after; exit 3')
+    process.release()
+    assert done.wait(10) and process.wait(1)
+    assert ends == [(3, None)], "read to its end (its exit code), on_exit once"
+    assert out[0] == (b"got go\n", False)
+    assert not any(b"after" in chunk for chunk, _ in out), "a reader that failed is not called again"
+    process.close()  # after the end: nothing to tell, no error
+
+
+def test_an_ssh_client_that_fails_gives_its_own_last_line_as_the_reason() -> None:
+    _process, _out, ends, done = _ssh_like('echo "ssh: connect to host 127.0.0.1 port 2201: Connection refused" >&2; exit 255')
+    assert done.wait(10)
+    assert ends == [(None, "ssh failed: ssh: connect to host 127.0.0.1 port 2201: Connection refused")]
+
+
+def test_close_stops_a_held_process() -> None:
+    process, _out, ends, done = _ssh_like('read word; [ "$word" = stop ] && exit 143; exit 0')
+    process.close()
+    assert done.wait(10) and ends == [(143, None)]

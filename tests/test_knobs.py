@@ -9,7 +9,7 @@ import pytest
 from tflab.errors import UserError
 from tflab.plan import knobs, tasks
 from tflab.plan.config import Task
-from tflab.plan.machines import HostFacts
+from tflab.plan.shares import HostFacts
 from tflab.plan.topology import Topology, plan
 
 CLASSIC = Task("train", "python t.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
@@ -54,7 +54,7 @@ def test_a_cpu_share_is_what_the_node_owns_for_the_run() -> None:
     lab = plan(Topology(nodes=3, cpus_per_node="0.5"), [], HostFacts(cpus=(0, 1, 2, 3), memory_mib=8192))
     chosen = knobs.parse(lab, 4, cpus=["0.5", "worker1=2"])
     run = knobs.run_lab(lab, chosen)
-    assert {n.name: n.machine.cpus for n in run.nodes} == {"ps0": 0.5, "worker0": 0.5, "worker1": 2.0}
+    assert {n.name: n.share.cpus for n in run.nodes} == {"ps0": 0.5, "worker0": 0.5, "worker1": 2.0}
     assert run.node("worker1").env["OMP_NUM_THREADS"] == "2" and run.node("ps0").env["TFLAB_NUM_CPUS"] == "1"
     assert chosen.describe() == "cpus ps0=0.5,worker0=0.5,worker1=2"
     assert knobs.Knobs(cpus={"ps0": 0.5, "worker0": 0.5}).describe() == "cpus 0.5"

@@ -229,7 +229,7 @@ def test_servers_that_never_serve_fail_the_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("preload", [True, False])
 def test_guard_commands_carry_the_key_and_the_command_line(preload: bool) -> None:
-    argv = guardcmd.run("run:train:worker1", "python a.py --x=1", held=True, preload=preload)
+    argv = guardcmd.run_line("run:train:worker1", "python a.py --x=1", held=True, preload=preload)
     assert argv[:4] == ["python3", "/usr/local/share/tflab/guard.pyz", "run", "run:train:worker1"]
     assert ("--preload" in argv) is preload and argv[-2:] == ["--shell", "python a.py --x=1"]
 

@@ -11,7 +11,7 @@ from conftest import cli
 from tflab.errors import UserError
 from tflab.plan import config as cfg
 from tflab.plan.gpus import Gpu
-from tflab.plan.machines import HostFacts
+from tflab.plan.shares import HostFacts
 from tflab.plan.topology import Topology, plan
 from tflab.render import slurm
 

@@ -11,7 +11,7 @@ from conftest import cli
 
 from tflab.errors import UserError
 from tflab.plan.config import LabConfig, Task
-from tflab.plan.machines import HostFacts
+from tflab.plan.shares import HostFacts
 from tflab.plan.topology import Topology, plan
 from tflab.run import costmodel, sweep, sweep_report
 

@@ -16,7 +16,7 @@ from tflab.errors import UserError
 from tflab.host import buildsettings, hardware, labfiles, ports, proc
 from tflab.plan import config as cfg
 from tflab.plan import taskfile
-from tflab.plan import links, machines
+from tflab.plan import links, shares
 from tflab.plan.gpus import Gpu, parse_gpu_list
 from tflab.plan.topology import (
     LOOPBACK,
@@ -99,8 +99,8 @@ def gen(
     evaluator: Annotated[bool, typer.Option(help="Add an `evaluator` node.", rich_help_panel="Topology")] = False,
     gpus: Annotated[str | None, typer.Option(help="Host GPUs to split, e.g. 0-7 or 0,1,4,5 (default: nvidia-smi).", rich_help_panel="Topology")] = None,
     share_gpus: Annotated[bool, typer.Option(help="Let several nodes share a GPU, each with a memory share.", rich_help_panel="Topology")] = False,
-    cpus_per_node: Annotated[str, typer.Option(help="CPUs each node owns: auto (an even share, as whole CPUs of its GPUs' NUMA node; a fraction where the host has fewer CPUs than nodes), N, a fraction such as 0.5, or 0 (shared).", rich_help_panel="A node's resources")] = machines.AUTO,
-    memory_per_node: Annotated[str, typer.Option(help="Memory each node owns: auto (an even share after a reserve for the host), a size such as 4g, or 0 (no limit).", rich_help_panel="A node's resources")] = machines.AUTO,
+    cpus_per_node: Annotated[str, typer.Option(help="CPUs each node owns: auto (an even share, as whole CPUs of its GPUs' NUMA node; a fraction where the host has fewer CPUs than nodes), N, a fraction such as 0.5, or 0 (shared).", rich_help_panel="A node's resources")] = shares.AUTO,
+    memory_per_node: Annotated[str, typer.Option(help="Memory each node owns: auto (an even share after a reserve for the host), a size such as 4g, or 0 (no limit).", rich_help_panel="A node's resources")] = shares.AUTO,
     ssh_port_base: Annotated[int, typer.Option(help="Node i's SSH is published on this + i.", rich_help_panel="Ports")] = SSH_PORT_BASE,
     tensorboard_port_base: Annotated[int, typer.Option(help="Node i's TensorBoard is published on this + i.", rich_help_panel="Ports")] = TENSORBOARD_PORT_BASE,
     bind: Annotated[str, typer.Option(help="Host address ports are published on (beyond loopback is your choice).", rich_help_panel="Ports")] = LOOPBACK,
@@ -137,8 +137,8 @@ def gen(
         nodes=nodes, ps=ps, chief=chief, evaluator=evaluator, gpus_per_node=gpus_per_node,
         share_gpus=share_gpus, ssh_port_base=ssh_port_base,
         tensorboard_port_base=tensorboard_port_base, bind=bind,
-        cpus_per_node=machines.check_cpu_choice(cpus_per_node),
-        memory_per_node=machines.check_memory_choice(memory_per_node),
+        cpus_per_node=shares.check_cpu_choice(cpus_per_node),
+        memory_per_node=shares.check_memory_choice(memory_per_node),
     )
     root = lab.resolve()
     if (root / cfg.LAB_FILE).exists() and not force:

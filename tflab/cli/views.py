@@ -8,11 +8,11 @@ from rich.table import Table
 from rich.text import Text
 
 from tflab.engine.backend import NodeState
-from tflab.plan import machines
+from tflab.plan import shares
 from tflab.plan.knobs import describe as knobs_text
 from tflab.plan.gpus import Gpu
 from tflab.plan.links import Links
-from tflab.plan.machines import HostFacts, Machine
+from tflab.plan.shares import HostFacts, Share
 from tflab.plan.topology import Lab, Node
 
 NODE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
@@ -31,12 +31,12 @@ def role_text(lab: Lab, node: Node) -> str:
     return f"{node.job} (chief)" if node is lab.chief and node.job != "chief" else node.job
 
 
-def cpu_text(machine: Machine) -> str:
+def cpu_text(share: Share) -> str:
     """A node's CPUs: its cpuset (`0-7`), its quota (`0.5`), or `shared`."""
-    if machine.cpuset:
-        return machines.cpu_list(machine.cpuset)
-    if machine.quota is not None:
-        return f"{machine.quota:g} (quota)"
+    if share.cpuset:
+        return shares.cpu_list(share.cpuset)
+    if share.quota is not None:
+        return f"{share.quota:g} (quota)"
     return "shared"
 
 
@@ -47,25 +47,25 @@ def lab_table(lab: Lab, bind: str, title: str | None = None) -> Table:
         table.add_column(column)
     for node in lab.nodes:
         table.add_row(
-            node.name, role_text(lab, node), gpu_text(node), cpu_text(node.machine),
-            machines.memory_text(node.machine.memory_mib), str(node.ssh_port), str(node.tensorboard_port)
+            node.name, role_text(lab, node), gpu_text(node), cpu_text(node.share),
+            shares.memory_text(node.share.memory_mib), str(node.ssh_port), str(node.tensorboard_port)
         )
     return table
 
 
 def machines_text(lab: Lab, host: HostFacts) -> Text:
     """Each node as a machine: its CPUs (and their NUMA node) and memory, of the host's."""
-    text = Text(f"machines (of the host's {len(host.cpus)} CPUs and {machines.memory_text(host.memory_mib)}):\n",
+    text = Text(f"machines (of the host's {len(host.cpus)} CPUs and {shares.memory_text(host.memory_mib)}):\n",
                 style="bold")
     for node in lab.nodes:
-        machine = node.machine
+        machine = node.share
         if machine.cpuset:
-            cpus = f"CPUs {machines.cpu_list(machine.cpuset)}" + (f" (NUMA {machine.numa})" if machine.numa is not None else "")
+            cpus = f"CPUs {shares.cpu_list(machine.cpuset)}" + (f" (NUMA {machine.numa})" if machine.numa is not None else "")
         elif machine.quota is not None:
             cpus = f"{machine.quota:g} CPU of time (fewer CPUs than nodes: a quota)"
         else:
             cpus = "the host's CPUs, shared"
-        memory = (f"{machines.memory_text(machine.memory_mib)} of memory" if machine.memory_mib is not None
+        memory = (f"{shares.memory_text(machine.memory_mib)} of memory" if machine.memory_mib is not None
                   else "the host's memory, no limit")
         text.append(f"  {node.name:<10} {cpus}; {memory}\n")
     return text

@@ -50,6 +50,7 @@ def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, 
     elif not image_exists(client, base):
         node_image.pull(client, base, progress)
     base_image_ = client.images.get(base)
+    lf.refresh_guard()  # a lab made by another tflab gets this one's guard in image/ too
     context = lf.image_context()
     tag = lf.image_tag(base_image_.id)
     if not force and image_exists(client, tag):

@@ -125,7 +125,7 @@ SLURM_RUNTIMES = (("apptainer", "apptainer"), ("singularity", "apptainer"), ("en
 
 
 def _slurm() -> Check:
-    """Whether this machine submits to a Slurm cluster (`tflab render slurm`), and which container form it can run."""
+    """Whether this host submits to a Slurm cluster (`tflab render slurm`), and which container form it can run."""
     sbatch = shutil.which("sbatch")
     if not sbatch:
         return Check("Slurm", "ok", "no sbatch here: `tflab render slurm` writes a job to submit where it is "

@@ -112,23 +112,25 @@ def writable(connection: Any) -> Any:
     return socket.socket(fileno=os.dup(connection.fileno()))
 
 
-class _DockerProcess:
-    def __init__(self, api: docker.APIClient, exec_id: str, connection: Any, container: Container) -> None:
-        self.api = api
-        self.exec_id = exec_id
-        self.connection = connection
-        self.writer = writable(connection)
-        self.container = container
+class _GuardedProcess:
+    """A process in a node whose guard reads tflab's connection: `go` releases it, `stop` stops it.
+
+    `pump` reads its output to the end, then learns how it ended and calls `on_exit` once, from a
+    `finally`. The two kinds differ in how they write to the guard (`_write`), read the output
+    (`_stream`), learn the exit (`_exit_status`) and close the connection (`_close_ends`).
+    """
+
+    def __init__(self) -> None:
         self.ended = threading.Event()
         self.closing = False
         self._lock = threading.Lock()
 
-    def _say(self, line: bytes) -> None:
+    def _say(self, line: bytes, last: bool = False) -> None:
         with self._lock:
             if self.ended.is_set():
                 return
             try:
-                self.writer.sendall(line)
+                self._write(line, last)
             except (OSError, ValueError):
                 pass  # the process or its node is gone: nothing to tell
 
@@ -137,35 +139,72 @@ class _DockerProcess:
 
     def close(self) -> None:
         self.closing = True
-        self._say(STOP)
+        self._say(STOP, last=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.ended.wait(timeout)
 
     def pump(self, on_output: OnOutput, on_exit: OnExit) -> None:
-        reason: str | None = None
+        lost: str | None = None
         code: int | None = None
+        reason: str | None = None
         try:
-            emit = _safe(on_output)
-            for stream, data in frames_iter(self.connection, tty=False):
-                if data:
-                    emit(data, stream == 2)
+            self._stream(_safe(on_output))
         except Exception as exc:  # noqa: BLE001 - any break of the stream ends this process for us
-            reason = f"lost the connection to it ({type(exc).__name__}: {exc})"
+            lost = f"lost the connection to it ({type(exc).__name__}: {exc})"
         finally:
+            reason = lost
             try:
-                code, why = self._exit_status()
+                code, why = self._exit_status(stream_lost=lost is not None)
                 reason = why or reason
             except Exception as exc:  # noqa: BLE001
                 reason = reason or f"cannot learn how it ended ({exc})"
             with self._lock:
-                for end in {id(self.connection): self.connection, id(self.writer): self.writer}.values():
-                    try:
-                        end.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                try:
+                    self._close_ends()
+                except Exception:  # noqa: BLE001
+                    pass
                 self.ended.set()
             on_exit(code, reason)
+
+    def _write(self, line: bytes, last: bool) -> None:
+        raise NotImplementedError
+
+    def _stream(self, emit: OnOutput) -> None:
+        raise NotImplementedError
+
+    def _exit_status(self, stream_lost: bool) -> tuple[int | None, str | None]:
+        raise NotImplementedError
+
+    def _close_ends(self) -> None:
+        raise NotImplementedError
+
+
+class _DockerProcess(_GuardedProcess):
+    """A `docker exec` through the SDK: the guard's input and the output are one socket."""
+
+    def __init__(self, api: docker.APIClient, exec_id: str, connection: Any, container: Container) -> None:
+        super().__init__()
+        self.api = api
+        self.exec_id = exec_id
+        self.connection = connection
+        self.writer = writable(connection)
+        self.container = container
+
+    def _write(self, line: bytes, last: bool) -> None:
+        self.writer.sendall(line)
+
+    def _stream(self, emit: OnOutput) -> None:
+        for stream, data in frames_iter(self.connection, tty=False):
+            if data:
+                emit(data, stream == 2)
+
+    def _close_ends(self) -> None:
+        for end in {id(self.connection): self.connection, id(self.writer): self.writer}.values():
+            try:
+                end.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def _container_stopping(self, wait_s: float) -> bool:
         """Whether the container is stopping or gone (a killed process may be the first sign of it)."""
@@ -181,7 +220,7 @@ class _DockerProcess:
                 return False
             time.sleep(0.2)
 
-    def _exit_status(self) -> tuple[int | None, str | None]:
+    def _exit_status(self, stream_lost: bool) -> tuple[int | None, str | None]:
         """The exit code; None with a reason when the engine cannot tell (it may still run)."""
         deadline = time.monotonic() + 2.0
         while True:
@@ -263,57 +302,44 @@ def exec_quiet(client: docker.DockerClient, container: Container, argv: Sequence
     return int(code), text
 
 
-class _SshProcess:
-    def __init__(self, child) -> None:
+class _SshProcess(_GuardedProcess):
+    """An ssh client: the guard's input is its stdin, the output its stdout and stderr."""
+
+    def __init__(self, child: Any) -> None:
+        super().__init__()
         self.child = child
-        self.ended = threading.Event()
-        self._lock = threading.Lock()
+        self.tail: list[bytes] = []  # stderr's last chunks: ssh's own complaint, when it fails
 
-    def _say(self, line: bytes, then_close: bool = False) -> None:
-        with self._lock:
-            stdin: IO[bytes] | None = self.child.stdin
-            try:
-                assert stdin is not None
-                stdin.write(line)
-                stdin.flush()
-                if then_close:
-                    stdin.close()
-            except (OSError, ValueError):
-                pass  # ssh has ended: nothing to tell
+    def _write(self, line: bytes, last: bool) -> None:
+        stdin: IO[bytes] | None = self.child.stdin
+        assert stdin is not None
+        stdin.write(line)
+        stdin.flush()
+        if last:
+            stdin.close()
 
-    def release(self) -> None:
-        self._say(GO)
+    def _stream(self, emit: OnOutput) -> None:
+        def read(stream: Any, is_err: bool) -> None:
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                if is_err:
+                    self.tail[:] = (self.tail + [chunk])[-4:]
+                emit(chunk, is_err)
 
-    def close(self) -> None:
-        self._say(STOP, then_close=True)
+        err_thread = background(read, self.child.stderr, True, name="ssh-stderr")
+        read(self.child.stdout, False)
+        err_thread.join(10)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.ended.wait(timeout)
+    def _exit_status(self, stream_lost: bool) -> tuple[int | None, str | None]:
+        code = self.child.poll() if stream_lost else self.child.wait()
+        if code is None:
+            return None, None  # the stream broke with ssh still running: the reason is the break
+        if code == 255:
+            last = b"".join(self.tail).decode(errors="replace").strip().splitlines()
+            return None, f"ssh failed: {last[-1] if last else 'no output'}"
+        return code, None
 
-    def pump(self, on_output: OnOutput, on_exit: OnExit) -> None:
-        emit = _safe(on_output)
-        tail: list[bytes] = []
-        code: int | None = None
-        reason: str | None = None
-        try:
-            def read(stream, is_err: bool) -> None:
-                for chunk in iter(lambda: stream.read1(65536), b""):
-                    if is_err:
-                        tail[:] = (tail + [chunk])[-4:]
-                    emit(chunk, is_err)
-
-            err_thread = background(read, self.child.stderr, True, name="ssh-stderr")
-            read(self.child.stdout, False)
-            err_thread.join(10)
-            code = self.child.wait()
-            if code == 255:
-                last = b"".join(tail).decode(errors="replace").strip().splitlines()
-                code, reason = None, f"ssh failed: {last[-1] if last else 'no output'}"
-        except Exception as exc:  # noqa: BLE001
-            reason = f"lost the connection to it ({exc})"
-        finally:
-            self.ended.set()
-            on_exit(code, reason)
+    def _close_ends(self) -> None:
+        pass  # the pipes close with the child
 
 
 class SshExecutor:

@@ -67,7 +67,7 @@ class FaultInjector:
             raise UserError(f"{fault.action} changes a node's network, which needs the NET_ADMIN capability: make "
                             "the lab with `tflab gen --faults` (or with --link-rate), then `tflab up`")
         if fault.action == "cpu" and fault.share is not None:
-            cpuset = self.lf.lab.node(fault.node).machine.cpuset
+            cpuset = self.lf.lab.node(fault.node).share.cpuset
             most = len(cpuset) or len(self.lf.config.host.cpus)
             if most and fault.share > most:
                 where = f"its {len(cpuset)} pinned CPUs" if cpuset else f"the host's {most} CPUs"
@@ -170,7 +170,7 @@ class FaultInjector:
 
     def restore_cpu(self, node: str) -> None:
         """`node`'s own CPU quota back, as the lab's plan says (none where it owns a cpuset or shares the host's)."""
-        quota = self.lf.lab.node(node).machine.quota
+        quota = self.lf.lab.node(node).share.quota
         try:
             self.container(node).update(cpu_period=CPU_PERIOD, cpu_quota=int(quota * CPU_PERIOD) if quota else -1)
         except docker.errors.APIError as exc:
@@ -226,7 +226,7 @@ class FaultInjector:
     def _cpu_changed(self, node: str, container: Container) -> bool:
         container.reload()
         host = container.attrs.get("HostConfig", {})
-        quota = self.lf.lab.node(node).machine.quota
+        quota = self.lf.lab.node(node).share.quota
         wanted = int(quota * CPU_PERIOD) if quota else 0
         have = host.get("CpuQuota") or 0
         return (have if have > 0 else 0) != wanted

@@ -43,9 +43,10 @@ def lease(task: str) -> str:
     return f"exec:{task}"
 
 
-def run(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
-        grace_s: float = STOP_GRACE_S) -> list[str]:
-    """Run `command` attached to tflab (stopped when tflab's connection ends); `held` waits for `go`.
+def run_line(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
+             grace_s: float = STOP_GRACE_S) -> list[str]:
+    """The guard's command line that runs the shell line `command` attached to tflab (stopped when tflab's
+    connection ends); `held` waits for `go`.
 
     `warm` hands a Python program to the node's standby interpreter (TensorFlow imported
     already) when there is one; `preload` imports TensorFlow while held when there is not.
@@ -55,7 +56,7 @@ def run(key: str, command: str, held: bool = False, preload: bool = False, warm:
 
 
 def run_argv(key: str, argv: list[str], grace_s: float = STOP_GRACE_S) -> list[str]:
-    """Run an argv list attached to tflab."""
+    """The guard's command line that runs `argv` (words, not a shell line) attached to tflab."""
     return [*GUARD, "run", key, "--grace", f"{grace_s:g}", "--", *argv]
 
 

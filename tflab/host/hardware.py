@@ -9,7 +9,7 @@ from pathlib import Path
 from tflab.errors import CommandError, UserError
 from tflab.host.proc import Runner
 from tflab.plan.gpus import Gpu, parse_nvidia_smi, parse_topo_numa, sysfs_bus_id
-from tflab.plan.machines import HostFacts, parse_cpu_list
+from tflab.plan.shares import HostFacts, parse_cpu_list
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tflab.errors import UserError
 from tflab.plan import config as cfg
-from tflab.plan import machines
+from tflab.plan import shares
 from tflab.plan.config import LAB_FILE, LabConfig, Task
 from tflab.plan.labfile import from_yaml, to_yaml
 from tflab.plan.taskfile import tasks_from_text
@@ -84,7 +84,7 @@ class LabFiles:
         """Why the nodes keep no warm interpreter though tflab.yaml asks for one (their memory), or None."""
         if not self.config.warm:
             return None
-        return next((why for why in map(machines.warm_fits, (n.machine for n in self.lab.nodes)) if why), None)
+        return next((why for why in map(shares.warm_fits, (n.share for n in self.lab.nodes)) if why), None)
 
     @property
     def warm(self) -> bool:
@@ -99,20 +99,26 @@ class LabFiles:
         """The build context as the lab holds it now (the user may have edited it), with this tflab's guard.
 
         The guard is tflab's side of the node, not the lab's: it must speak what this tflab
-        speaks, so a lab made by an older tflab gets the current one (written into image/ too).
+        speaks, so the context carries the current one whatever image/ holds (`refresh_guard`
+        writes it there). Reads only.
         """
         if not self.image_dir.is_dir():
             raise UserError(f"{self.image_dir} is missing; run `tflab gen --force` to write it again")
         context = {p.name: p.read_bytes() for p in sorted(self.image_dir.iterdir())
                    if p.is_file() and p.name != image_files.PACKAGES_FILE}
-        guard = image_files.guard_zipapp()
-        if context.get(image_files.GUARD_FILE) != guard:
-            path = self.image_dir / image_files.GUARD_FILE
-            path.write_bytes(guard)
-            path.chmod(0o755)
-            context[image_files.GUARD_FILE] = guard
+        context[image_files.GUARD_FILE] = image_files.guard_zipapp()
         # the packages as tflab.yaml says them now, the requirements files as the code folder holds them now
         return {**context, **image_files.packages_files(self.config, self.requirements())}
+
+    def refresh_guard(self) -> bool:
+        """Write this tflab's guard into image/ where a lab made by another tflab holds another one; whether it did."""
+        guard = image_files.guard_zipapp()
+        path = self.image_dir / image_files.GUARD_FILE
+        if path.is_file() and path.read_bytes() == guard:
+            return False
+        path.write_bytes(guard)
+        path.chmod(0o755)
+        return True
 
     def requirements(self) -> dict[str, bytes]:
         """The code folder's requirements files the lab's `pip: [-r FILE]` names, by name."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from tflab.errors import UserError
 from tflab.plan.gpus import Gpu
 from tflab.plan.links import Links
-from tflab.plan.machines import HostFacts
+from tflab.plan.shares import HostFacts
 from tflab.plan.topology import Topology
 
 LAB_FILE = "tflab.yaml"

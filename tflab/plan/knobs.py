@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tflab.errors import UserError
-from tflab.plan import links, machines
+from tflab.plan import links, shares
 from tflab.plan.config import PLACEHOLDERS
 from tflab.plan.topology import Lab, Node, cluster_env, cluster_spec
 
@@ -66,8 +66,8 @@ def describe(knobs: Mapping[str, Any] | None) -> str:
         parts.append(f"link {'unshaped' if knobs['link_rate'] == UNSHAPED else knobs['link_rate']}")
     cpus = knobs.get("cpus") or {}
     if cpus:
-        shares = set(cpus.values())
-        parts.append(f"cpus {next(iter(shares)):g}" if len(shares) == 1 and len(cpus) > 1
+        given = set(cpus.values())
+        parts.append(f"cpus {next(iter(given)):g}" if len(given) == 1 and len(cpus) > 1
                      else "cpus " + ",".join(f"{node}={share:g}" for node, share in cpus.items()))
     for name, value in (knobs.get("env") or {}).items():
         parts.append(f"{name}={value}")
@@ -107,10 +107,10 @@ def parse_share(text: str, flag: str) -> float:
         raise UserError(f"{flag} {text!r} is not a number of CPUs (0.5 for half of one)") from None
     if not math.isfinite(share) or not text.strip().isascii():
         raise UserError(f"{flag} {text!r} is not a number of CPUs (0.5 for half of one)")
-    if share > machines.MAX_CPUS:
-        raise UserError(f"{flag} {text!r} is more CPUs than any host has (at most {machines.MAX_CPUS})")
-    if share < machines.MIN_CPUS:
-        raise UserError(f"{flag} {text!r} is less than the engine can give a node: use at least {machines.MIN_CPUS:g}")
+    if share > shares.MAX_CPUS:
+        raise UserError(f"{flag} {text!r} is more CPUs than any host has (at most {shares.MAX_CPUS})")
+    if share < shares.MIN_CPUS:
+        raise UserError(f"{flag} {text!r} is less than the engine can give a node: use at least {shares.MIN_CPUS:g}")
     return share
 
 
@@ -129,7 +129,7 @@ def parse_cpus(values: Iterable[str], lab: Lab, host_cpus: int) -> dict[str, flo
             targets = list(lab.names)
         share = parse_share(share_text, "--cpus")
         for target in targets:
-            cpuset = lab.node(target).machine.cpuset
+            cpuset = lab.node(target).share.cpuset
             most = len(cpuset) or host_cpus
             if most and share > most:
                 where = (f"its {len(cpuset)} pinned CPU{'s' if len(cpuset) > 1 else ''}" if cpuset
@@ -187,14 +187,14 @@ def run_lab(lab: Lab, knobs: Knobs) -> Lab:
     for node in kept:
         env = {**node.env, **cluster_env(node.job, node.task_index, cluster)} if knobs.workers is not None \
             else dict(node.env)
-        machine = node.machine
-        share = knobs.cpus.get(node.name)
-        if share is not None:
-            machine = replace(machine, cpuset=(), quota=share)
-            owned = max(1, math.ceil(share))
+        share = node.share
+        cpus = knobs.cpus.get(node.name)
+        if cpus is not None:
+            share = replace(share, cpuset=(), quota=cpus)
+            owned = max(1, math.ceil(cpus))
             env.update({"TFLAB_NUM_CPUS": str(owned), "OMP_NUM_THREADS": str(owned),
                         "TF_NUM_INTRAOP_THREADS": str(owned), "TF_NUM_INTEROP_THREADS": str(max(2, owned))})
-        nodes.append(replace(node, machine=machine, env=env))
+        nodes.append(replace(node, share=share, env=env))
     return Lab(topology=lab.topology, nodes=tuple(nodes), cluster=cluster)
 
 

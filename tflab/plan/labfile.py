@@ -17,7 +17,7 @@ import yaml
 
 from tflab.errors import UserError
 from tflab.plan import links as link_rules
-from tflab.plan import machines, taskfile
+from tflab.plan import shares, taskfile
 from tflab.plan.config import (
     AUTO_BASE,
     DEFAULT_RUNS,
@@ -37,7 +37,7 @@ from tflab.plan.config import (
 from tflab.plan.config import Task
 from tflab.plan.gpus import Gpu
 from tflab.plan.links import Links
-from tflab.plan.machines import HostFacts
+from tflab.plan.shares import HostFacts
 from tflab.plan.strictyaml import Reader, load_yaml, shown
 from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology
 
@@ -114,7 +114,7 @@ def path(default: str | None) -> ReadKey:
 def share(check: Callable[[str, str], str]) -> ReadKey:
     """A node's CPUs or memory: auto, 0 or an amount."""
     def read_it(read: Reader, doc: dict, key: str, where: str) -> str:
-        value = doc.get(key, machines.AUTO)
+        value = doc.get(key, shares.AUTO)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise read.fail(f"{where}.{key}", f"must be auto, 0 or a number, not {shown(value)}")
         try:
@@ -208,7 +208,7 @@ def host(read: Reader, doc: dict, key: str, where: str) -> HostFacts:
         if value in (None, ""):
             return ()
         try:
-            return machines.parse_cpu_list(str(value))
+            return shares.parse_cpu_list(str(value))
         except ValueError:
             raise read.fail(at, f"must be a CPU list such as 0-7,16-23, not {shown(value)}") from None
 
@@ -228,8 +228,8 @@ def host(read: Reader, doc: dict, key: str, where: str) -> HostFacts:
 def write_host(config: LabConfig) -> dict[str, Any]:
     """The host's facts as tflab.yaml keeps them (CPU lists as the kernel writes them)."""
     facts = config.host
-    return {"cpus": machines.cpu_list(facts.cpus),
-            "numa": {str(node): machines.cpu_list(cpus) for node, cpus in sorted(facts.numa_cpus.items())},
+    return {"cpus": shares.cpu_list(facts.cpus),
+            "numa": {str(node): shares.cpu_list(cpus) for node, cpus in sorted(facts.numa_cpus.items())},
             "gpu_numa": {str(gpu): node for gpu, node in sorted(facts.gpu_numa.items())},
             "memory_mib": facts.memory_mib}
 
@@ -250,8 +250,8 @@ SCHEMA: tuple[Key | Section, ...] = (
         Key("evaluator", "topology.evaluator", boolean(False)),
         Key("gpus_per_node", "topology.gpus_per_node", whole(0, minimum=0)),
         Key("share_gpus", "topology.share_gpus", boolean(False)),
-        Key("cpus_per_node", "topology.cpus_per_node", share(machines.check_cpu_choice)),
-        Key("memory_per_node", "topology.memory_per_node", share(machines.check_memory_choice)),
+        Key("cpus_per_node", "topology.cpus_per_node", share(shares.check_cpu_choice)),
+        Key("memory_per_node", "topology.memory_per_node", share(shares.check_memory_choice)),
     )),
     Key("gpus", "gpus", gpus, write=write_gpus),
     Key("host", "host", host, write=write_host),

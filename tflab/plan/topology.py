@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tflab.errors import UserError
-from tflab.plan import machines
+from tflab.plan import shares
 from tflab.plan.gpus import Gpu
-from tflab.plan.machines import HostFacts, Machine
+from tflab.plan.shares import HostFacts, Share
 
 GRPC_PORT = 2222
 SSH_PORT_BASE = 20022
@@ -34,8 +34,8 @@ class Topology:
     ssh_port_base: int = SSH_PORT_BASE
     tensorboard_port_base: int = TENSORBOARD_PORT_BASE
     bind: str = LOOPBACK
-    cpus_per_node: str = machines.AUTO  # auto | 0 | N | a fraction (see plan.machines)
-    memory_per_node: str = machines.AUTO  # auto | 0 | SIZE
+    cpus_per_node: str = shares.AUTO  # auto | 0 | N | a fraction (see plan.shares)
+    memory_per_node: str = shares.AUTO  # auto | 0 | SIZE
 
     @property
     def ps_count(self) -> int:
@@ -58,7 +58,7 @@ class Node:
     tensorboard_port: int
     gpu_memory_fraction: float | None = None
     gpu_memory_mib: int | None = None
-    machine: Machine = Machine()
+    share: Share = Share()  # its share of the host: CPUs and memory
     env: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -225,7 +225,7 @@ def cluster_env(job: str, task_index: int, cluster: dict[str, list[str]]) -> dic
 
 def node_env(
     job: str, task_index: int, cluster: dict[str, list[str]], gpus: int, fraction: float | None,
-    memory_mib: int | None, machine: Machine = Machine(), host_cpus: int = 0,
+    memory_mib: int | None, share: Share = Share(), host_cpus: int = 0,
 ) -> dict[str, str]:
     """The environment every node sees (DESIGN.md): TF_CONFIG and the TFLAB_* variables."""
     env = {
@@ -239,17 +239,17 @@ def node_env(
         # (a task may set TF_CPP_MIN_LOG_LEVEL=0 to see them all).
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
-    if machine.cpus is not None or host_cpus:
-        cpus = machine.num_cpus(host_cpus)
+    if share.cpus is not None or host_cpus:
+        cpus = share.num_cpus(host_cpus)
         env["TFLAB_NUM_CPUS"] = str(cpus)
-        if machine.cpus is not None:
+        if share.cpus is not None:
             # What the node owns is what its programs see: nproc honours OMP_NUM_THREADS, TensorFlow
             # sizes its thread pools from these (a quota, unlike a cpuset, hides no CPU from them).
             env["OMP_NUM_THREADS"] = str(cpus)
             env["TF_NUM_INTRAOP_THREADS"] = str(cpus)
             env["TF_NUM_INTEROP_THREADS"] = str(max(2, cpus))
-    if machine.memory_mib is not None:
-        env["TFLAB_MEMORY_MB"] = str(machine.memory_mib)
+    if share.memory_mib is not None:
+        env["TFLAB_MEMORY_MB"] = str(share.memory_mib)
     if fraction is not None:
         env["TFLAB_GPU_MEMORY_FRACTION"] = f"{fraction:.2f}"
         if memory_mib:
@@ -265,11 +265,11 @@ def plan(topology: Topology, host_gpus: Sequence[Gpu], host: HostFacts = HostFac
     indices = [g.index for g in host_gpus]
     blocks = gpu_blocks(indices, len(planned), topology.gpus_per_node, topology.share_gpus)
     fractions = memory_fractions(blocks)
-    shares = machines.split(topology.cpus_per_node, topology.memory_per_node, blocks, host)
+    node_shares = shares.split(topology.cpus_per_node, topology.memory_per_node, blocks, host)
     memory = {g.index: g.memory_mib for g in host_gpus}
     cluster = cluster_spec(planned)
     nodes = []
-    for position, ((job, index), block, fraction, machine) in enumerate(zip(planned, blocks, fractions, shares)):
+    for position, ((job, index), block, fraction, node_share) in enumerate(zip(planned, blocks, fractions, node_shares)):
         share_mib = None
         if fraction is not None and block and all(memory.get(g) for g in block):
             share_mib = int(min(memory[g] for g in block) * fraction)
@@ -284,8 +284,8 @@ def plan(topology: Topology, host_gpus: Sequence[Gpu], host: HostFacts = HostFac
                 tensorboard_port=topology.tensorboard_port_base + position,
                 gpu_memory_fraction=fraction,
                 gpu_memory_mib=share_mib,
-                machine=machine,
-                env=node_env(job, index, cluster, len(block), fraction, share_mib, machine, len(host.cpus)),
+                share=node_share,
+                env=node_env(job, index, cluster, len(block), fraction, share_mib, node_share, len(host.cpus)),
             )
         )
     return Lab(topology=topology, nodes=tuple(nodes), cluster=cluster)

@@ -16,7 +16,7 @@ import yaml
 from tflab.errors import TflabError, UserError
 from tflab.plan import config as cfg
 from tflab.plan import tasks
-from tflab.plan.machines import Machine
+from tflab.plan.shares import Share
 from tflab.plan.topology import GRPC_PORT, Lab, node_name
 from tflab.render import schemas, templates
 
@@ -57,15 +57,15 @@ def pick_task(config: cfg.LabConfig, name: str | None) -> cfg.Task:
     return next(iter(config.tasks.values()))
 
 
-def _resources(machine: Machine, gpus: int) -> dict[str, Any]:
-    """A node's machine as a pod asks for it: requests equal to limits (the Guaranteed QoS class, where the
+def _resources(share: Share, gpus: int) -> dict[str, Any]:
+    """A node's share of the host as a pod asks for it: requests equal to limits (the Guaranteed QoS class, where the
     kubelet's static CPU manager gives whole CPUs to the pod alone, as the lab's cpuset does)."""
     owned: dict[str, Any] = {}
-    if machine.cpus is not None:
-        cpus = machine.cpus
+    if share.cpus is not None:
+        cpus = share.cpus
         owned["cpu"] = str(int(cpus)) if cpus == int(cpus) else f"{int(round(cpus * 1000))}m"
-    if machine.memory_mib is not None:
-        owned["memory"] = f"{machine.memory_mib}Mi"
+    if share.memory_mib is not None:
+        owned["memory"] = f"{share.memory_mib}Mi"
     resources: dict[str, Any] = {}
     if owned:
         resources = {"requests": dict(owned), "limits": dict(owned)}
@@ -74,7 +74,7 @@ def _resources(machine: Machine, gpus: int) -> dict[str, Any]:
     return resources
 
 
-def _container(image: str, shell: str, env: dict[str, str], gpus: int, machine: Machine) -> dict[str, Any]:
+def _container(image: str, shell: str, env: dict[str, str], gpus: int, share: Share) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "tensorflow",
         "image": image,
@@ -85,7 +85,7 @@ def _container(image: str, shell: str, env: dict[str, str], gpus: int, machine: 
         "ports": [{"name": "tfjob-port", "containerPort": GRPC_PORT}],
         "volumeMounts": [{"name": "runs", "mountPath": "/runs"}, {"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    resources = _resources(machine, gpus)
+    resources = _resources(share, gpus)
     if resources:
         container["resources"] = resources
     return container
@@ -163,7 +163,7 @@ def tfjob(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_clai
         values = {**RUNTIME_VALUES, "num_gpus": str(len(members[0].gpus)), "run_dir": tasks.run_dir(task.name)}
         line = f"{FROM_TF_CONFIG} && {exec_form(cfg.fill_placeholders(task.command, values))}"
         container = _container(image, line, _env(lab, task, members[0].name), len(members[0].gpus),
-                               members[0].machine)
+                               members[0].share)
         specs[kind] = {
             "replicas": len(members),
             "restartPolicy": "OnFailure" if job != "ps" else "Never",
@@ -209,7 +209,7 @@ def jobset(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_cla
             **_env(lab, task, node.name),
         }
         line = cfg.fill_placeholders(task.command, values)
-        container = _container(image, exec_form(line), env, len(node.gpus), node.machine)
+        container = _container(image, exec_form(line), env, len(node.gpus), node.share)
         replicated.append({
             "name": node.name,
             "replicas": 1,

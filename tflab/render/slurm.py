@@ -54,7 +54,7 @@ def check_options(container: str, partition: str | None, time_limit: str | None,
 
 
 def _cpus(node: Node, host_cpus: int) -> int:
-    owned = node.machine.cpus
+    owned = node.share.cpus
     return max(1, math.ceil(owned)) if owned is not None else max(1, host_cpus or 1)
 
 
@@ -109,7 +109,7 @@ def render(config: cfg.LabConfig, lab: Lab, task: cfg.Task, container: str = "no
                         "through --gres")
     host_cpus = len(config.host.cpus)
     cpus = max(_cpus(n, host_cpus) for n in lab.nodes)
-    memory = [n.machine.memory_mib for n in lab.nodes if n.machine.memory_mib]
+    memory = [n.share.memory_mib for n in lab.nodes if n.share.memory_mib]
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"tflab-{config.name}-{task.name}")[:64]
     if container == "pyxis" and not image:
         raise UserError("--container pyxis needs --image: the node image as enroot reaches it (a registry the "

@@ -12,7 +12,7 @@ from typing import Any
 from tflab import resources
 from tflab.errors import UserError
 from tflab.plan import config as cfg
-from tflab.plan import links, machines
+from tflab.plan import links, shares
 from tflab.plan.config import COMPOSE_FILE, LabConfig
 from tflab.plan.topology import Lab
 
@@ -81,11 +81,11 @@ def node_values(lab: Lab) -> list[dict[str, Any]]:
             "gpus": n.gpus,
             "gpu_ids": [str(g) for g in n.gpus],
             "gpu_list": ",".join(str(g) for g in n.gpus),
-            "cpuset": machines.cpu_list(n.machine.cpuset) if n.machine.cpuset else None,
-            "cpu_quota": n.machine.quota,
+            "cpuset": shares.cpu_list(n.share.cpuset) if n.share.cpuset else None,
+            "cpu_quota": n.share.quota,
             # A swarm service's limit: the CPUs it owns (the stack format has no cpuset).
-            "cpus_limit": f"{n.machine.cpus:g}" if n.machine.cpus is not None else None,
-            "memory": f"{n.machine.memory_mib}m" if n.machine.memory_mib is not None else None,
+            "cpus_limit": f"{n.share.cpus:g}" if n.share.cpus is not None else None,
+            "memory": f"{n.share.memory_mib}m" if n.share.memory_mib is not None else None,
         }
         for n in lab.nodes
     ]

@@ -34,7 +34,7 @@ class ClusterWatch:
                  every_s: float = 1.0, board: bool = True, link_mbit: float | None = None) -> None:
         self.lab = lab
         self.shape = bottleneck.Shape(servers=machine.plan.servers, workers=machine.plan.finishers,
-                                      cpus={n.name: n.machine.cpus for n in lab.nodes}, host_cpus=host_cpus,
+                                      cpus={n.name: n.share.cpus for n in lab.nodes}, host_cpus=host_cpus,
                                       link_mbit=link_mbit)
         self.folder = folder / CLUSTER_DIR
         self.machine = machine

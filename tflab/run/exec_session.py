@@ -251,7 +251,7 @@ class ExecSession:
     def _run_node(self, log_path: Path) -> ExecResult:
         setup = self.setup
         key = guardcmd.exec_key(setup.task, setup.node, self.owner)
-        argv = guardcmd.run(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
+        argv = guardcmd.run_line(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
         plan = setup.plan or RunPlan(servers=(), finishers=(setup.node,), chief=setup.node, stop_hung=False)
         machine = RunMachine(plan)
         splitter = progress.LineSplitter(updates=True)

@@ -199,7 +199,7 @@ class Launcher:
 
     def _start(self, name: str, held: bool, attempt: int) -> None:
         key = guardcmd.run_key(self.setup.task, name)
-        argv = guardcmd.run(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
+        argv = guardcmd.run_line(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
                          warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s)
         handle = self.logs.get(name)
         if handle is None:

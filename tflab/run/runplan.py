@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from tflab.plan.config import Task
 from tflab.plan.faults import Fault
-from tflab.plan.machines import memory_text
+from tflab.plan.shares import memory_text
 from tflab.plan.tasks import start_order
 from tflab.plan.topology import Lab
 
@@ -54,7 +54,7 @@ def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | Non
         ready_timeout_s=ready_timeout_s,
         restarts=restarts,
         task_index={n.name: n.task_index for n in lab.nodes if n.job == "worker"},
-        memory_limits={n.name: memory_text(n.machine.memory_mib) for n in lab.nodes if n.machine.memory_mib},
+        memory_limits={n.name: memory_text(n.share.memory_mib) for n in lab.nodes if n.share.memory_mib},
         faults=faults,
         expect=expect,
         gang_restart=not servers,

@@ -47,7 +47,7 @@ class HostFacts:
 
 
 @dataclass(frozen=True)
-class Machine:
+class Share:
     """One node's share of the host."""
 
     cpuset: tuple[int, ...] = ()  # CPUs it owns alone (empty: none)
@@ -195,8 +195,8 @@ def cpusets(per_node: int, blocks: Sequence[tuple[int, ...]], host: HostFacts) -
     return out
 
 
-def split(cpu_choice: str, memory_choice: str, blocks: Sequence[tuple[int, ...]], host: HostFacts) -> list[Machine]:
-    """Every node's machine: `blocks` are the nodes' GPU blocks, in lab order."""
+def split(cpu_choice: str, memory_choice: str, blocks: Sequence[tuple[int, ...]], host: HostFacts) -> list[Share]:
+    """Every node's share: `blocks` are the nodes' GPU blocks, in lab order."""
     count = len(blocks)
     cpus = host.cpus
     cpu_choice, memory_choice = check_cpu_choice(cpu_choice), check_memory_choice(memory_choice)
@@ -235,14 +235,14 @@ def split(cpu_choice: str, memory_choice: str, blocks: Sequence[tuple[int, ...]]
             raise UserError(
                 f"the lab needs {memory_text(memory * count)} of memory ({count} nodes x {memory_choice}) but the "
                 f"host has {memory_text(host.memory_mib)}; use --memory-per-node auto, a smaller size, or 0")
-    return [Machine(cpuset=cpuset, quota=quota if not cpuset else None, memory_mib=memory, numa=numa)
+    return [Share(cpuset=cpuset, quota=quota if not cpuset else None, memory_mib=memory, numa=numa)
             for cpuset, numa in sets]
 
 
-def warm_fits(machine: Machine) -> str | None:
+def warm_fits(share: Share) -> str | None:
     """None when the warm interpreter fits the node, else why it stays off."""
-    if machine.memory_mib is not None and machine.memory_mib < WARM_MIN_MIB:
-        return (f"the warm interpreter is off: each node has {memory_text(machine.memory_mib)} of memory, and "
+    if share.memory_mib is not None and share.memory_mib < WARM_MIN_MIB:
+        return (f"the warm interpreter is off: each node has {memory_text(share.memory_mib)} of memory, and "
                 f"TensorFlow imported in advance would hold about 0.5G of it (it stays on from "
                 f"{memory_text(WARM_MIN_MIB)} a node)")
     return None

@@ -10,9 +10,9 @@ from conftest import cli
 
 from tflab.errors import UserError
 from tflab.host import hardware
-from tflab.plan import machines
+from tflab.plan import shares
 from tflab.plan.gpus import parse_topo_numa, sysfs_bus_id
-from tflab.plan.machines import HostFacts, Machine, split
+from tflab.plan.shares import HostFacts, Share, split
 from tflab.plan.topology import Topology, plan
 from tflab.render import k8s, templates
 
@@ -60,7 +60,7 @@ def test_explicit_shares_and_what_is_too_much() -> None:
         split("1", "auto", [()] * 4, two)
     with pytest.raises(UserError, match=r"the lab needs 32.0G of memory \(4 nodes x 8g\) but the host has 24.0G"):
         split("0", "8g", [()] * 4, two)
-    assert split("0", "0", [()] * 2, two) == [Machine(), Machine()]
+    assert split("0", "0", [()] * 2, two) == [Share(), Share()]
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -69,7 +69,7 @@ def test_explicit_shares_and_what_is_too_much() -> None:
 ])
 def test_bad_cpu_choices(value: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
-        machines.check_cpu_choice(value)
+        shares.check_cpu_choice(value)
 
 
 def test_every_node_sees_its_share() -> None:
@@ -83,9 +83,9 @@ def test_every_node_sees_its_share() -> None:
 
 
 def test_the_warm_interpreter_stays_off_where_it_does_not_fit() -> None:
-    assert machines.warm_fits(Machine(memory_mib=4096)) is None and machines.warm_fits(Machine()) is None
-    assert machines.warm_fits(Machine(memory_mib=1024)) is None
-    assert machines.warm_fits(Machine(memory_mib=768)).startswith(
+    assert shares.warm_fits(Share(memory_mib=4096)) is None and shares.warm_fits(Share()) is None
+    assert shares.warm_fits(Share(memory_mib=1024)) is None
+    assert shares.warm_fits(Share(memory_mib=768)).startswith(
         "the warm interpreter is off: each node has 768M of memory")
 
 
@@ -163,7 +163,7 @@ def test_the_split_reaches_the_stack_file_and_the_manifests(tmp_path: Path) -> N
 def test_an_even_share_too_small_to_set_is_refused_not_dropped() -> None:
     # issue 30.10: 201 nodes on 2 CPUs got no CPU limit at all; 5000 nodes got 4m of memory
     from tflab.errors import UserError
-    from tflab.plan import machines as m
+    from tflab.plan import shares as m
 
     small = m.HostFacts(cpus=(0, 1), numa_cpus={0: (0, 1)}, memory_mib=24 * 1024)
     assert m.split("auto", "auto", [()] * 200, small)[0].quota == 0.01
