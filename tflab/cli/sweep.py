@@ -82,7 +82,7 @@ def sweep_cmd(
                 break
             if ran_one and lf.warm:
                 # the last run asked for new standbys: a run started now would import TensorFlow beside them
-                guardcmd.wait_warm(backend(lf).executor(nodes, via), nodes)
+                guardcmd.wait_warm(backend(lf).executor(nodes, via), nodes, given_up=lambda: stopped[0])
             definition = lf.config.task(sweep.point_task(spec, point))
             knobs = sweep.point_knobs(point, lf.lab, len(lf.config.host.cpus))
             bar.update(progress_id, description=f"point {point.number}/{total}: {point.describe()}"

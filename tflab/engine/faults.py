@@ -28,7 +28,7 @@ from tflab.errors import EngineError, TflabError, UserError
 from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
 from tflab.host.ports import wait_for_ssh
-from tflab.plan import links
+from tflab.plan import links, shares
 from tflab.plan.faults import NEEDS_NET_ADMIN, Fault
 
 FAULT_SH = "/usr/local/share/tflab/fault.sh"
@@ -67,12 +67,8 @@ class FaultInjector:
             raise UserError(f"{fault.action} changes a node's network, which needs the NET_ADMIN capability: make "
                             "the lab with `tflab gen --faults` (or with --link-rate), then `tflab up`")
         if fault.action == "cpu" and fault.share is not None:
-            cpuset = self.lf.lab.node(fault.node).share.cpuset
-            most = len(cpuset) or len(self.lf.config.host.cpus)
-            if most and fault.share > most:
-                where = f"its {len(cpuset)} pinned CPUs" if cpuset else f"the host's {most} CPUs"
-                raise UserError(f"cpu {fault.node} {fault.share:g}: {fault.node} runs on {where}, so it cannot "
-                                f"have more than {most:g} CPU")
+            shares.check_cpus_fit(self.lf.lab.node(fault.node).share, fault.share, len(self.lf.config.host.cpus),
+                                  fault.node, f"cpu {fault.node} {fault.share:g}")
         self.container(fault.node)
 
     def _fault_sh(self, node: str, *args: str) -> str:

@@ -116,7 +116,7 @@ def parse_share(text: str, flag: str) -> float:
 
 def parse_cpus(values: Iterable[str], lab: Lab, host_cpus: int) -> dict[str, float]:
     """`--cpus SHARE` (every node of the run) or `--cpus NODE=SHARE` (repeatable)."""
-    shares: dict[str, float] = {}
+    given: dict[str, float] = {}
     for value in values:
         node, sep, share_text = str(value).partition("=")
         flag = f"--cpus {value}"
@@ -129,14 +129,9 @@ def parse_cpus(values: Iterable[str], lab: Lab, host_cpus: int) -> dict[str, flo
             targets = list(lab.names)
         share = parse_share(share_text, "--cpus")
         for target in targets:
-            cpuset = lab.node(target).share.cpuset
-            most = len(cpuset) or host_cpus
-            if most and share > most:
-                where = (f"its {len(cpuset)} pinned CPU{'s' if len(cpuset) > 1 else ''}" if cpuset
-                         else f"the host's {most} CPUs")
-                raise UserError(f"{flag}: {target} runs on {where}, so it cannot have more than {most:g} CPU")
-            shares[target] = share
-    return shares
+            shares.check_cpus_fit(lab.node(target).share, share, host_cpus, target, flag)
+            given[target] = share
+    return given
 
 
 def parse_env(values: Iterable[str]) -> dict[str, str]:

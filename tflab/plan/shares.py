@@ -239,6 +239,16 @@ def split(cpu_choice: str, memory_choice: str, blocks: Sequence[tuple[int, ...]]
             for cpuset, numa in sets]
 
 
+def check_cpus_fit(share: Share, cpus: float, host_cpus: int, node: str, what: str) -> None:
+    """A UserError, saying `what` was asked, where `cpus` is more CPU than `node` can use: its pinned CPUs, or
+    the host's where it has none (for `run --cpus` and `fault cpu`)."""
+    most = len(share.cpuset) or host_cpus
+    if most and cpus > most:
+        pinned = len(share.cpuset)
+        where = f"its {pinned} pinned CPU{'s' if pinned > 1 else ''}" if pinned else f"the host's {most} CPUs"
+        raise UserError(f"{what}: {node} runs on {where}, so it cannot have more than {most:g} CPU")
+
+
 def warm_fits(share: Share) -> str | None:
     """None when the warm interpreter fits the node, else why it stays off."""
     if share.memory_mib is not None and share.memory_mib < WARM_MIN_MIB:
