@@ -2,68 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import resource
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tflab import resources
 from tflab.cli import views
 from tflab.cli.common import LabOption, console
-from tflab.errors import UserError
-from tflab.host import buildsettings, hardware, labfiles, ports, proc
+from tflab.host import labfiles
+from tflab.host.newlab import LabRequest, make_lab
 from tflab.plan import config as cfg
-from tflab.plan import taskfile
-from tflab.plan import links, shares
-from tflab.plan.gpus import Gpu, parse_gpu_list
-from tflab.plan.topology import (
-    LOOPBACK,
-    SSH_PORT_BASE,
-    TENSORBOARD_PORT_BASE,
-    Topology,
-    plan,
-)
-
-
-def host_gpus(spec: str | None) -> list[Gpu]:
-    """The GPUs to split: the explicit --gpus list, else what nvidia-smi reports."""
-    if spec is not None:
-        return parse_gpu_list(spec)
-    return hardware.discover(proc.run)
-
-
-def host_memlock_limit() -> int:
-    """The most locked memory a container may get here: unlimited (-1) where the host allows it."""
-    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    return -1 if hard == resource.RLIM_INFINITY else hard
-
-
-def lab_relative(path: str | None, root: Path, flag: str) -> str | None:
-    """A folder given on the command line (relative to here), as tflab.yaml keeps it: relative to the lab."""
-    if path is None:
-        return None
-    folder = Path(path).resolve()
-    if not folder.is_dir():
-        raise UserError(f"{flag} {path}: no such folder")
-    return os.path.relpath(folder, root)
-
-
-def lab_packages(pip: list[str], apt: list[str], code_dir: Path | None) -> cfg.Packages:
-    """The lab's packages from --pip/--apt, and the code folder's requirements.txt when it has one."""
-    specs = [cfg.check_pip(spec) for spec in pip]
-    if code_dir is not None and (code_dir / cfg.REQUIREMENTS).is_file() and f"-r {cfg.REQUIREMENTS}" not in specs:
-        specs.append(f"-r {cfg.REQUIREMENTS}")
-    for spec in specs:
-        if spec.startswith("-r ") and (code_dir is None or not (code_dir / spec[3:]).is_file()):
-            raise UserError(f"--pip {spec!r}: no such file in the code folder ({code_dir or 'the bundled examples'})")
-    return cfg.Packages(pip=tuple(dict.fromkeys(specs)), apt=tuple(dict.fromkeys(cfg.check_apt(a) for a in apt)))
+from tflab.plan import shares
+from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE
 
 
 def folder_text(path: str) -> str:
     """A lab-relative folder as people read it: `code/`, `../data/`, `/srv/data/`."""
     return path.rstrip("/") + "/"
+
+
 
 
 def running_here(root: Path) -> bool:
@@ -78,17 +35,6 @@ def running_here(root: Path) -> bool:
         return False
 
 
-def placements(values: list[str], node_names: list[str]) -> dict[str, str]:
-    """`--place NODE=HOST` options as a mapping, every node a node of the lab."""
-    out: dict[str, str] = {}
-    for value in values:
-        node, sep, host = value.partition("=")
-        if not sep or not node or not host:
-            raise UserError(f"--place {value!r}: write NODE=HOST, e.g. --place ps0=gpu-host-1")
-        if node not in node_names:
-            raise UserError(f"--place {value!r}: no node {node!r} in this lab; its nodes are {', '.join(node_names)}")
-        out[node] = cfg.check_host_label(host, f"--place {node}=")
-    return out
 
 
 def gen(
@@ -125,93 +71,18 @@ def gen(
     lab: LabOption = Path("."),
 ) -> None:
     """Write a lab: tflab.yaml, the compose file, the node Dockerfile, the lab's SSH keys, and code/data to start from."""
-    if data_mode not in ("copy", "mount"):
-        raise UserError(f"--data-mode must be copy or mount, not {data_mode!r}")
-    if target not in cfg.TARGETS:
-        raise UserError(f"--target must be {' or '.join(cfg.TARGETS)}, not {target!r}")
-    shaped = links.Links(
-        rate=links.parse_rate(link_rate) if link_rate is not None else None,
-        delay_ms=links.parse_delay(link_delay) if link_delay is not None else None,
+    request = LabRequest(
+        root=lab, nodes=nodes, gpus_per_node=gpus_per_node, ps=ps, chief=chief, evaluator=evaluator, gpus=gpus,
+        share_gpus=share_gpus, cpus_per_node=cpus_per_node, memory_per_node=memory_per_node,
+        ssh_port_base=ssh_port_base, tensorboard_port_base=tensorboard_port_base, bind=bind, base=base, code=code,
+        data=data, data_mode=data_mode, runs=runs, shm_size=shm_size, link_rate=link_rate, link_delay=link_delay,
+        faults=faults, warm=warm, target=target, place=place or [], registry=registry, pip=pip or [],
+        apt=apt or [], tensorflow=tensorflow, name=name, force=force,
     )
-    topology = Topology(
-        nodes=nodes, ps=ps, chief=chief, evaluator=evaluator, gpus_per_node=gpus_per_node,
-        share_gpus=share_gpus, ssh_port_base=ssh_port_base,
-        tensorboard_port_base=tensorboard_port_base, bind=bind,
-        cpus_per_node=shares.check_cpu_choice(cpus_per_node),
-        memory_per_node=shares.check_memory_choice(memory_per_node),
-    )
-    root = lab.resolve()
-    if (root / cfg.LAB_FILE).exists() and not force:
-        raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
-    scaffold: dict[str, dict[str, bytes]] = {}
-    if code is None:
-        examples = resources.example_files()
-        scaffold[cfg.CODE_DIR] = examples
-        existing = root / cfg.CODE_DIR
-        tasks = (labfiles.code_tasks(existing) if existing.is_dir()
-                 else taskfile.tasks_from_text(examples[cfg.LAB_FILE].decode(), "tflab's examples"))
-        code = cfg.CODE_DIR
-    else:
-        code = lab_relative(code, root, "--code") or cfg.CODE_DIR
-        tasks = labfiles.code_tasks((root / code).resolve())
-    if data is None:
-        scaffold[cfg.DATA_DIR] = resources.example_data()
-        data = cfg.DATA_DIR
-    else:
-        data = lab_relative(data, root, "--data") or cfg.DATA_DIR
-    if target != "swarm" and (place or registry):
-        raise UserError("--place and --registry are for swarm labs: add --target swarm")
-    if target == "swarm":
-        cfg.check_swarm_bind(bind)
-    listed = host_gpus(gpus) if gpus_per_node > 0 or gpus is not None else []
-    host = hardware.host_facts(proc.run, listed)
-    planned = plan(topology, listed, host)
-    swarm = cfg.SwarmSettings(place=placements(place or [], planned.names), registry=registry)
-    cfg.check_one_line(name or root.name or "lab", "--name" if name else "the lab's name (its folder's)")
-    cfg.check_image_ref(base, "--base")
-    packages = lab_packages(pip or [], apt or [], (root / code).resolve() if code is not None else None)
-    if tensorflow is not None:
-        cfg.check_tensorflow(tensorflow)
-        if base == "local":
-            mirror = buildsettings.parse_apt_sources(buildsettings.read_apt_sources())
-            cfg.check_tensorflow(tensorflow, mirror.python, f" (tflab's own base: Debian/Ubuntu {mirror.suite})")
-    config = cfg.LabConfig(
-        name=name or root.name or "lab",
-        target=target,
-        topology=topology,
-        gpus=tuple(listed),
-        host=host,
-        base_image=base,
-        code=code,
-        data=data,
-        data_mode=data_mode,
-        runs=runs,
-        shm_size=shm_size,
-        # Swarm applies memlock itself and refuses -1 on some engines: left out unless asked.
-        memlock=host_memlock_limit() if target == "compose" else None,
-        tasks=tasks,
-        links=shaped,
-        faults=faults,
-        swarm=swarm,
-        warm=warm,
-        packages=packages,
-        tensorflow=tensorflow,
-    )
-    if (root / cfg.LAB_FILE).exists() and not force:
-        raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
-    if target == "compose":
-        try:
-            ports.require_free(
-                bind,
-                [(n.name, "SSH", n.ssh_port) for n in planned.nodes]
-                + [(n.name, "TensorBoard", n.tensorboard_port) for n in planned.nodes],
-            )
-        except UserError:
-            if running_here(root):
-                raise UserError(f"the lab in {root} is up: `tflab down --lab {root}` first, then gen --force "
-                                "(its nodes hold its ports)") from None
-            raise
-    written = labfiles.write_lab(config, root, force, scaffold)
+    made = make_lab(request, lab_is_up=running_here)
+    written, config, listed = made.files, made.config, made.gpus
+    root, host, shaped, tasks = written.root, config.host, config.links, config.tasks
+    code, data = config.code or cfg.CODE_DIR, config.data or cfg.DATA_DIR
     out = console()
     out.print(views.lab_table(written.lab, bind, title=f"lab '{config.name}' in {root}"))
     picture = views.gpu_map(written.lab, listed)

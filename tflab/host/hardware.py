@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 from pathlib import Path
 
 from tflab.errors import CommandError, UserError
@@ -105,3 +106,9 @@ def cpu_times(path: Path = Path("/proc/stat")) -> tuple[float, float] | None:
     idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle and iowait
     total = sum(values[:8])  # guest time is counted in user already
     return total - idle, total
+
+
+def memlock_limit() -> int:
+    """The most locked memory a container may get here: unlimited (-1) where the host allows it."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return -1 if hard == resource.RLIM_INFINITY else hard

@@ -230,19 +230,19 @@ def check_paths(config: LabConfig, root: Path, scaffold: dict[str, dict[str, byt
 
 
 def write_lab(config: LabConfig, root: Path, force: bool,
-              scaffold: dict[str, dict[str, bytes]] | None = None) -> LabFiles:
+              scaffold: dict[str, dict[str, bytes]] | None = None, planned: Lab | None = None) -> LabFiles:
     """Write a whole lab into `root`: everything is rendered before the first file is written.
 
     `scaffold` holds folders to create in the lab (the bundled examples as `code`, their
     data as `data`), by folder and relative path; a folder that exists already is the
-    user's and is left as it is.
+    user's and is left as it is. `planned` is the lab as `config` plans it, where the caller has it.
     """
     root = root.resolve()
     scaffold = scaffold or {}
     if (root / cfg.LAB_FILE).exists() and not force:
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
     check_paths(config, root, scaffold)
-    lab = plan(config.topology, config.gpus, config.host)
+    lab = planned or plan(config.topology, config.gpus, config.host)
     lab_yaml = to_yaml(config)
     context = image_files.image_context(config)
     project = project_of(root, config.name)  # an existing lab's (gen --force) stays its own
