@@ -15,7 +15,7 @@ from conftest import cli
 from test_docker_run import add_tasks, exec_quiet, lab_containers
 
 from tflab.host import labfiles
-from tflab.run import history
+from tflab.run import runreport
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TFLAB = [sys.executable, "-m", "tflab"]
@@ -80,11 +80,11 @@ def test_knobs_shape_one_run_and_the_lab_gets_its_own_design_back(knob_lab: Path
     assert "knobs: workers 2" in out
     # restored after the run
     assert node_now(lab, "worker1") == before
-    data = history.load(lab / "runs" / "probe")
-    assert data["knobs"] == {"workers": 2, "link_rate": "20mbit",
+    report = runreport.load(lab / "runs" / "probe")
+    assert report is not None and report.knobs == {"workers": 2, "link_rate": "20mbit",
                              "cpus": {"ps0": 0.5, "worker0": 0.5, "worker1": 0.25, "worker2": 0.5},
                              "env": {"BATCH": "64"}}
-    assert set(data["nodes"]) == {"ps0", "worker0", "worker1"}
+    assert set(report.nodes) == {"ps0", "worker0", "worker1"}
     listed = runner.invoke(cli, ["runs", "--lab", str(lab)])
     assert "workers" in listed.stdout and "20mbit" in listed.stdout, listed.stdout
 

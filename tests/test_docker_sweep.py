@@ -16,7 +16,7 @@ import pytest
 from conftest import cli
 from test_docker_run import add_tasks
 
-from tflab.run import history
+from tflab.run import runreport
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TFLAB = [sys.executable, "-m", "tflab"]
@@ -106,8 +106,8 @@ def test_a_stopped_sweep_keeps_what_finished_and_resume_runs_only_the_rest(sweep
     while True:  # until the first point has its row and the second one's run is training
         assert child.poll() is None, child.communicate()
         assert time.monotonic() < deadline, "the sweep did not get to its second point"
-        second = history.load(lab / "runs" / "slow")
-        if (folder / "results.json").exists() and second is not None and second.get("state") == "running":
+        second = runreport.load(lab / "runs" / "slow")
+        if (folder / "results.json").exists() and second is not None and second.state == "running":
             break
         time.sleep(0.3)
     child.send_signal(signal.SIGINT)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from tflab.errors import UserError
 from tflab.host import locks
 from tflab.host.labfiles import open_lab
 from tflab.run import history
+from tflab.run.runreport import RUN_FILE, RunReport
 
 
 @pytest.fixture
@@ -69,10 +71,11 @@ def test_execs_share_a_task_and_keep_a_run_out(tmp_path: Path) -> None:
 
 
 def test_a_recycled_pid_is_not_a_live_supervisor() -> None:
-    me = {"state": "running", "host": socket.gethostname(), "pid": os.getpid()}
-    assert history.is_live({**me, "pid_start": history.process_start(os.getpid())})
-    assert not history.is_live({**me, "pid_start": "1"}), "same pid, another process"
-    assert history.is_live(me), "records without a start time are judged by the pid"
+    me = RunReport(task="train", state="running", host=socket.gethostname(), pid=os.getpid())
+    assert replace(me, pid_start=history.process_start(os.getpid())).is_live()
+    assert not replace(me, pid_start="1").is_live(), "same pid, another process"
+    assert me.is_live(), "records without a start time are judged by the pid"
+    assert not replace(me, state="finished").is_live()
 
 
 class Exited:
@@ -87,7 +90,7 @@ class Exited:
 
 def test_a_detached_run_that_dies_after_starting_is_reported_at_once(tmp_path: Path) -> None:
     folder, log = tmp_path / "runs" / "train", tmp_path / "detached-train.log"
-    history.save(folder, {"task": "train", "state": "starting", "pid": 4242})
+    RunReport(task="train", state="starting", pid=4242).save(folder)
     log.write_text("tflab: error: worker1 cannot start: no such container\n")
     started = time.monotonic()
     with pytest.raises(UserError, match="ended before its workers started: tflab: error: worker1 cannot start"):
@@ -97,10 +100,10 @@ def test_a_detached_run_that_dies_after_starting_is_reported_at_once(tmp_path: P
 
 def test_a_detached_run_that_finished_quickly_gives_its_verdict(tmp_path: Path) -> None:
     folder = tmp_path / "runs" / "hello"
-    history.save(folder, {"task": "hello", "state": "finished", "pid": 4243, "exit_code": 0})
-    data = wait_until_started(Exited(4243, 0), folder, tmp_path / "log", "hello")
-    assert data["state"] == "finished"
-    assert json.loads((folder / history.RUN_FILE).read_text())["pid"] == 4243
+    RunReport(task="hello", state="finished", pid=4243, exit_code=0).save(folder)
+    report = wait_until_started(Exited(4243, 0), folder, tmp_path / "log", "hello")
+    assert report.finished and report.exit_code == 0
+    assert json.loads((folder / RUN_FILE).read_text())["pid"] == 4243
 
 
 def test_a_run_moves_aside_only_a_run_folder_tflab_made(tmp_path: Path) -> None:
@@ -123,7 +126,7 @@ def test_a_malformed_run_json_is_left_out_not_fatal_to_runs(runner, lab: Path) -
     for name, text in {"train": json.dumps(good), "a": '{"started": "x", "state": 5}', "b": "[1]",
                        "c": '{"nodes": {"w": 5}}', "d": '{"started": 1e400}', "e": "{not json"}.items():
         (lab / "runs" / name).mkdir(parents=True)
-        (lab / "runs" / name / history.RUN_FILE).write_text(text)
+        (lab / "runs" / name / RUN_FILE).write_text(text)
     result = runner.invoke(cli, ["runs", "--lab", str(lab)])
     assert result.exit_code == 0, result.stderr
     assert "accuracy 0.97" in result.stdout and "internal error" not in result.stdout + result.stderr

@@ -13,6 +13,7 @@ from tflab.errors import UserError
 from tflab.plan.config import LabConfig, Task
 from tflab.plan.shares import HostFacts
 from tflab.plan.topology import Topology, plan
+from tflab.run.runreport import RunReport
 from tflab.run import costmodel, sweep, sweep_report
 
 LAB = plan(Topology(nodes=4), [], HostFacts(cpus=(0, 1, 2, 3), memory_mib=8192))
@@ -60,10 +61,11 @@ def test_every_point_is_checked_against_the_lab_before_anything_runs() -> None:
     sweep.check(spec_of("workers=1,3", "cpus=0.5,1", "env.BATCH=32,64"), CONFIG, LAB)
 
 
-def fake_run(steps_per_s: float, verdict: str = "ok") -> dict:
-    return {"verdict": verdict, "steady_steps_per_s": steps_per_s, "steps_per_s": steps_per_s * 0.9,
-            "first_step_s": 4.2, "limit": {"kind": "link", "evidence": "ps0 sent 95 Mbit/s of its 100mbit link"},
-            "cluster": {"ps0": {"cpu": 0.5, "tx_mbit": 95.0, "rx_mbit": 40.0}}}
+def fake_run(steps_per_s: float, verdict: str = "ok") -> RunReport:
+    return RunReport(task="train", state="finished", verdict=verdict, steady_steps_per_s=steps_per_s,
+                     steps_per_s=steps_per_s * 0.9, first_step_s=4.2,
+                     limit={"kind": "link", "evidence": "ps0 sent 95 Mbit/s of its 100mbit link"},
+                     cluster={"ps0": {"cpu": 0.5, "tx_mbit": 95.0, "rx_mbit": 40.0}})
 
 
 def test_rows_files_resume_and_report(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Annotated
@@ -37,9 +38,10 @@ from tflab.host.signals import stop_signals
 from tflab.plan import faults
 from tflab.plan import knobs as knob_rules
 from tflab.plan.config import check_task_name
-from tflab.run import history
+from tflab.run import history, runreport
 from tflab.run.bottleneck import Limit
 from tflab.run.request import PreparedRun, RunRequest, execute_run, prepare_run
+from tflab.run.runreport import RunReport
 
 DETACH_WAIT_S = 240.0
 
@@ -136,25 +138,25 @@ def run(
         return
     terminal = None if detached_child else console()
     with stop_signals(lambda reason, force: prepared.interrupt(reason, force)):
-        result, data, session = execute_run(lf, prepared, terminal_sinks(lf, terminal, prepared),
+        result, report, session = execute_run(lf, prepared, terminal_sinks(lf, terminal, prepared),
                                             detached=detached_child)
     out = err_console() if getattr(session.sink, "broken", False) or terminal is None else console()
-    show_verdict(out, lf, data, session.folder)
+    show_verdict(out, lf, report, session.folder)
     raise typer.Exit(result.finish.exit_code)
 
 
-def show_verdict(out: Console, lf: LabFiles, data: dict, folder: Path) -> None:
+def show_verdict(out: Console, lf: LabFiles, report: RunReport, folder: Path) -> None:
     """The summary table, the problem if any, and where the outputs are."""
-    out.print(views.run_summary(lf.lab, data["nodes"]))
-    if data.get("knobs"):
-        out.print(f"knobs: {knob_rules.describe(data['knobs'])}", soft_wrap=True)
-    if data.get("faults"):
-        out.print(views.drill_table(data["faults"]))
-    if data.get("problem"):
-        out.print(Text(f"tflab: {data['problem']}", style="bold red"), soft_wrap=True)
-    if data.get("note"):
-        out.print(Text(f"tflab: note: {data['note']}", style="yellow"), soft_wrap=True)
-    limit = data.get("limit") or {}
+    out.print(views.run_summary(lf.lab, report.nodes))
+    if report.knobs:
+        out.print(f"knobs: {knob_rules.describe(report.knobs)}", soft_wrap=True)
+    if report.faults:
+        out.print(views.drill_table(report.faults))
+    if report.problem:
+        out.print(Text(f"tflab: {report.problem}", style="bold red"), soft_wrap=True)
+    if report.note:
+        out.print(Text(f"tflab: note: {report.note}", style="yellow"), soft_wrap=True)
+    limit = report.limit or {}
     if limit.get("kind") and limit.get("evidence"):
         out.print(Text(f"tflab: {Limit(str(limit['kind']), str(limit['evidence'])).sentence()}",
                        style="yellow" if limit["kind"] == "host" else "cyan"), soft_wrap=True)
@@ -168,28 +170,27 @@ def _detach(lf: LabFiles, task: str, options: list[str]) -> None:
     log_path = lf.state_file(f"detached-{task}.log")
     with log_path.open("w") as log:
         child = proc.start(argv, stdin=proc.DEVNULL, stdout=log, stderr=proc.STDOUT, new_session=True, cwd=lf.root)
-    data = wait_until_started(child, lf.runs_dir / task, log_path, task)
+    report = wait_until_started(child, lf.runs_dir / task, log_path, task)
     out = console()
-    if data.get("state") == "finished":
-        show_verdict(out, lf, data, lf.runs_dir / task)
-        raise typer.Exit(data.get("exit_code") or 0)
+    if report.finished:
+        show_verdict(out, lf, report, lf.runs_dir / task)
+        raise typer.Exit(report.exit_code or 0)
     out.print(f"tflab: run {task} goes on in the background (pid {child.pid}): `tflab attach {task}` follows it, "
               f"`tflab stop {task}` ends it, `tflab runs` lists runs", soft_wrap=True)
 
 
 def wait_until_started(child, folder: Path, log_path: Path, task: str, wait_s: float = DETACH_WAIT_S,
-                       clock: Callable[[], float] = time.monotonic, pause_s: float = 0.1) -> dict:
+                       clock: Callable[[], float] = time.monotonic, pause_s: float = 0.1) -> RunReport:
     """run.json of a detached run once its workers run (or it finished); an error as soon as its process is gone."""
     deadline = clock() + wait_s
     while clock() < deadline:
-        data = history.load(folder)
-        if data is not None and data.get("pid") == child.pid and data.get("state") in ("running", "stopping",
-                                                                                        "finished"):
-            return data
+        report = runreport.load(folder)
+        if report is not None and report.pid == child.pid and report.state in ("running", "stopping", "finished"):
+            return report
         if child.poll() is not None:
-            data = history.load(folder)
-            if data is not None and data.get("pid") == child.pid and data.get("state") == "finished":
-                return data
+            report = runreport.load(folder)
+            if report is not None and report.pid == child.pid and report.finished:
+                return report
             tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
             said = tail[-1] if tail else f"it exited with {child.returncode} and said nothing"
             raise UserError(f"the detached run of {task} ended before its workers started: {said}")
@@ -208,17 +209,17 @@ def runs(lab: LabOption = Path(".")) -> None:
     else:
         console().print(views.runs_table(found))
     if skipped:
-        console().print(f"left out: {', '.join(p.name for p in skipped)} (their {history.RUN_FILE} is not one "
+        console().print(f"left out: {', '.join(p.name for p in skipped)} (their {runreport.RUN_FILE} is not one "
                         "tflab wrote)")
 
 
-def _current(lf: LabFiles, task: str) -> tuple[Path, dict]:
+def _current(lf: LabFiles, task: str) -> tuple[Path, RunReport]:
     check_task_name(task)
     folder = lf.runs_dir / task
-    data = history.load(folder)
-    if data is None:
+    report = runreport.load(folder)
+    if report is None:
         raise UserError(f"no run of {task} in {lf.runs_dir}; `tflab runs` lists the runs")
-    return folder, data
+    return folder, report
 
 
 def attach(
@@ -227,7 +228,7 @@ def attach(
 ) -> None:
     """Follow a run's output to its verdict (Ctrl-C detaches and stops nothing)."""
     lf = open_lab(lab)
-    folder, data = _current(lf, task)
+    folder, report = _current(lf, task)
     out = console()
     position = 0
     detached = [False]
@@ -249,19 +250,19 @@ def attach(
                 if complete:
                     sys.stdout.write(complete.decode(errors="replace"))
                     sys.stdout.flush()
-            data = history.load(folder) or data
-            if data.get("state") == "finished" and not chunk:
+            report = runreport.load(folder) or report
+            if report.finished and not chunk:
                 break
-            if data.get("state") != "finished" and not history.is_live(data):
-                err_console().print(f"tflab: the run's supervisor (pid {data.get('pid')}) is gone; "
+            if not report.finished and not report.is_live():
+                err_console().print(f"tflab: the run's supervisor (pid {report.pid}) is gone; "
                                     f"`tflab stop {task}` clears what it left")
                 raise typer.Exit(1)
             time.sleep(0.2)
     if detached[0]:
         err_console().print(f"tflab: detached from run {task}; it goes on (`tflab stop {task}` ends it)")
         return
-    show_verdict(out, lf, data, folder)
-    raise typer.Exit(data.get("exit_code") or 0)
+    show_verdict(out, lf, report, folder)
+    raise typer.Exit(report.exit_code or 0)
 
 
 def stop(
@@ -271,27 +272,27 @@ def stop(
 ) -> None:
     """Stop a running run: every process it started ends, and it gets its verdict."""
     lf = open_lab(lab)
-    folder, data = _current(lf, task)
+    folder, report = _current(lf, task)
     check_via(via)
-    if data.get("state") == "finished":
-        console().print(f"run {task} has already finished: {data.get('verdict')}")
+    if report.finished:
+        console().print(f"run {task} has already finished: {report.verdict}")
         return
-    if history.is_live(data):
-        os.kill(int(data["pid"]), signal.SIGUSR1)
+    if report.is_live() and report.pid is not None:
+        os.kill(report.pid, signal.SIGUSR1)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            data = history.load(folder) or data
-            if data.get("state") == "finished":
-                show_verdict(console(), lf, data, folder)
+            report = runreport.load(folder) or report
+            if report.finished:
+                show_verdict(console(), lf, report, folder)
                 return
             time.sleep(0.2)
-        raise UserError(f"run {task} (pid {data['pid']}) did not stop within 60s")
+        raise UserError(f"run {task} (pid {report.pid}) did not stop within 60s")
     # Its supervisor is gone: clear whatever it left in the nodes, and say so in its record.
     side = backend(lf)
     running = [name for name, node in side.status().items() if node.running and name in lf.lab.names]
     executor = side.executor(running, via)
     parallel(lambda name: executor.run(name, guardcmd.stop([guardcmd.run_key(task, "*")], force=True)), running)
-    data.update(state="finished", verdict="interrupted", exit_code=130, ended=time.time(),
-                problem=f"its supervisor (pid {data.get('pid')}) was gone; `tflab stop` cleared what it left")
-    history.save(folder, data)
-    show_verdict(console(), lf, data, folder)
+    report = replace(report, state="finished", verdict="interrupted", exit_code=130, ended=time.time(),
+                     problem=f"its supervisor (pid {report.pid}) was gone; `tflab stop` cleared what it left")
+    report.save(folder)
+    show_verdict(console(), lf, report, folder)

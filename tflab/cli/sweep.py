@@ -21,6 +21,7 @@ from tflab.host.signals import stop_signals
 from tflab.run import history, sweep, sweep_report
 from tflab.run.costmodel import ALLREDUCE, PS
 from tflab.run.request import RunRequest, execute_run, prepare_run
+from tflab.run.runreport import RunReport
 
 
 def sweep_cmd(
@@ -97,17 +98,17 @@ def sweep_cmd(
             if stopped[0]:
                 prepared.lock.close()
                 break
-            _result, data, session = execute_run(lf, prepared, terminal_sinks(lf, None, prepared))
+            _result, report, session = execute_run(lf, prepared, terminal_sinks(lf, None, prepared))
             current[0] = None
             ran_one = True
-            if stopped[0] and data.get("verdict") == "interrupted":
+            if stopped[0] and report.verdict == "interrupted":
                 break  # what the Ctrl-C cut short is no result: --resume runs it again
             kept = _keep_run(lf, folder, point, session.folder)
             rows = [r for r in rows if r["point"] != point.key]
-            rows.append(sweep.row(spec, point, data, kept, sweep.batch_of(definition.batch, knobs, lf.lab), nodes))
+            rows.append(sweep.row(spec, point, report, kept, sweep.batch_of(definition.batch, knobs, lf.lab), nodes))
             sweep.save_rows(folder, spec, rows, nodes)
             bar.update(progress_id, advance=1)
-            out.print(_point_line(point, total, data), soft_wrap=True)
+            out.print(_point_line(point, total, report), soft_wrap=True)
     found = _write_findings(lf, folder, spec, rows)
     left = sweep.missing(spec, rows)
     out.print(_table(spec, rows))
@@ -142,10 +143,10 @@ def _keep_run(lf: LabFiles, folder: Path, point: sweep.Point, run_folder: Path) 
     return str(target.relative_to(folder))
 
 
-def _point_line(point: sweep.Point, total: int, data: dict) -> Text:
-    rate = data.get("steady_steps_per_s") or data.get("steps_per_s")
-    limit = (data.get("limit") or {}).get("kind")
-    verdict = data.get("verdict") or "-"
+def _point_line(point: sweep.Point, total: int, report: RunReport) -> Text:
+    rate = report.steady_steps_per_s or report.steps_per_s
+    limit = (report.limit or {}).get("kind")
+    verdict = report.verdict or "-"
     text = Text(f"point {point.number}/{total} ({point.describe()}, repeat {point.repeat}): ")
     text.append(verdict, style=views.VERDICT_COLOURS.get(verdict, "yellow"))
     text.append(f", {rate:.2f} steps/s" if rate else ", no steps seen")

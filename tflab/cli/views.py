@@ -14,6 +14,7 @@ from tflab.plan.gpus import Gpu
 from tflab.plan.links import Links
 from tflab.plan.shares import HostFacts, Share
 from tflab.plan.topology import Lab, Node
+from tflab.run.runreport import NodeRow, RunReport
 
 NODE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 
@@ -133,7 +134,7 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def run_summary(lab: Lab, rows: Mapping[str, Mapping]) -> Table:
+def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
     """node, role, exit, duration, steps/s, verdict: the end of a run (rows as run.json keeps them)."""
     table = Table(title="run summary")
     for column in ("node", "role", "exit", "duration", "steps/s", "verdict"):
@@ -142,16 +143,16 @@ def run_summary(lab: Lab, rows: Mapping[str, Mapping]) -> Table:
         row = rows.get(node.name)
         if row is None:
             continue
-        verdict = row.get("verdict") or "-"
-        code = row.get("exit_code")
+        verdict = row.verdict or "-"
+        code = row.exit_code
         shown_code = "-" if code is None or verdict in ("served", "stopped", "interrupted") else str(code)
-        attempt = row.get("attempt") or 1
-        rate = row.get("steps_per_s")
+        attempt = row.attempt or 1
+        rate = row.steps_per_s
         table.add_row(
             node.name,
             role_text(lab, node),
             shown_code,
-            _seconds(row.get("duration_s")),
+            _seconds(row.duration_s),
             f"{rate:.1f}" if rate else "-",
             Text(verdict + (f" (attempt {attempt})" if attempt > 1 else ""),
                  style=VERDICT_COLOURS.get(verdict, "yellow")),
@@ -180,36 +181,35 @@ def drill_table(rows: Sequence[Mapping]) -> Table:
     return table
 
 
-def runs_table(found: Sequence[tuple[object, Mapping]]) -> Table:
+def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
     """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s, what limited it."""
     import time
 
     from tflab.run import history
 
     table = Table()
-    with_knobs = any(data.get("knobs") for _, data in found)  # a column only where a run had some
+    with_knobs = any(report.knobs for _, report in found)  # a column only where a run had some
     for column in ("run", "started", "duration", *(["knobs"] if with_knobs else []), "verdict", "result", "steps/s",
                    "limit"):
         table.add_column(column)
-    for folder, data in found:
-        state = data.get("state")
-        if state == "finished":
-            verdict = data.get("verdict") or "-"
-        elif history.is_live(dict(data)):
-            verdict = state or "running"
+    for folder, report in found:
+        if report.finished:
+            verdict = report.verdict or "-"
+        elif report.is_live():
+            verdict = report.state or "running"
         else:
             verdict = "abandoned"
-        started = data.get("started")
-        rate = data.get("steps_per_s")
-        duration = data.get("duration_s") if state == "finished" or not started else time.time() - started
+        started = report.started
+        rate = report.steps_per_s
+        duration = report.duration_s if report.finished or not started else time.time() - started
         table.add_row(
             getattr(folder, "name", str(folder)),
             history.stamp(started) if started else "-",
             _seconds(duration),
-            *([knobs_text(data.get("knobs")) or "-"] if with_knobs else []),
+            *([knobs_text(report.knobs) or "-"] if with_knobs else []),
             Text(verdict, style=VERDICT_COLOURS.get(verdict, "yellow")),
-            (data.get("result") or "-")[:70],
+            (report.result or "-")[:70],
             f"{rate:.1f}" if rate else "-",
-            str((data.get("limit") or {}).get("kind") or "-"),
+            str((report.limit or {}).get("kind") or "-"),
         )
     return table

@@ -1,4 +1,7 @@
-"""`runs/TASK/run.json`: what a run is doing or did, kept beside its logs (and read by `runs`)."""
+"""A task's outputs on the host: its run folder (fresh or moved aside), the runs kept, the execs' records, who runs what.
+
+run.json itself, the record of one run, is run/runreport.py's.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from tflab.errors import UserError
+from tflab.host.proc import pid_alive, process_start
 from tflab.plan import progress
-from tflab.host.proc import pid_alive, process_start  # noqa: F401  (re-exported: run.json says whose run it is)
 from tflab.run.machine import RunMachine
+from tflab.run.runreport import RUN_FILE, NodeRow, RunReport, load
 
-RUN_FILE = "run.json"
 OUTPUT_FILE = "output.log"
 LOG_DIR = "logs"
 RECENT_S = 10.0  # the window of a running node's current steps/s
@@ -26,28 +29,24 @@ def stamp(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-def node_rows(machine: RunMachine) -> dict[str, dict[str, Any]]:
+def node_rows(machine: RunMachine) -> dict[str, NodeRow]:
     """Each node's part in the run, as run.json keeps it."""
     rows = {}
     for name, node in machine.nodes.items():
         rate = node.rate()
         recent = node.rate(RECENT_S) if node.running else None
-        rows[name] = {
-            "role": node.role,
-            "attempt": node.attempt,
-            "exit_code": node.exit_code,
-            "verdict": node.verdict,
-            "reason": node.reason,
-            "duration_s": None if node.duration is None else round(node.duration, 2),
-            "steps_per_s": None if rate is None else round(rate, 2),
-            "recent_steps_per_s": None if recent is None else round(recent, 2),
-        }
+        rows[name] = NodeRow(
+            role=node.role, attempt=node.attempt, exit_code=node.exit_code, verdict=node.verdict, reason=node.reason,
+            duration_s=None if node.duration is None else round(node.duration, 2),
+            steps_per_s=None if rate is None else round(rate, 2),
+            recent_steps_per_s=None if recent is None else round(recent, 2),
+        )
     return rows
 
 
 @dataclass
-class RunRecord:
-    """The run.json of one run, rewritten as the run goes (atomically: readers never see half)."""
+class RunRecorder:
+    """Writes one run's run.json as the run goes."""
 
     folder: Path
     task: str
@@ -58,62 +57,39 @@ class RunRecord:
     def write(self, state: str, machine: RunMachine, result: str | None = None,
               first_step_s: float | None = None, note: str | None = None,
               limit: dict[str, str] | None = None,
-              cluster: dict[str, dict[str, float | None]] | None = None) -> dict[str, Any]:
+              cluster: dict[str, dict[str, float | None]] | None = None) -> RunReport:
         finish = machine.finish if state == "finished" else None
         chief = machine.nodes.get(machine.plan.chief)
         rate = chief.rate() if chief is not None else None
         steady = progress.steady_rate(chief.steps) if chief is not None and finish else None
         now = time.time()
-        data = {
-            "task": self.task,
-            "state": state,
-            "pid": os.getpid(),
-            "pid_start": process_start(os.getpid()),
-            "host": socket.gethostname(),
-            "detached": self.detached,
-            "started": self.started,
-            "ended": now if finish else None,
-            "duration_s": round(now - self.started, 2),
-            "verdict": finish.verdict if finish else None,
-            "exit_code": finish.exit_code if finish else None,
-            "problem": finish.problem if finish else None,
-            "result": result,
-            "steps_per_s": None if rate is None else round(rate, 2),
-            # after the first 20% of the steps (progress.steady_rate): what a sweep compares
-            "steady_steps_per_s": None if steady is None else round(steady, 3),
-            "first_step_s": None if first_step_s is None else round(first_step_s, 2),
-            "note": note,
-            "limit": limit,  # what limited the run (bottleneck.Limit), once it finished
-            "knobs": self.knobs,
-            "cluster": cluster,  # each node's mean CPU (of its share) and Mbit/s over the training
-            "faults": machine.drills.rows(machine.began),
-            "nodes": node_rows(machine),
-        }
-        save(self.folder, data)
-        return data
-
-
-def save(folder: Path, data: dict[str, Any]) -> None:
-    """Write `folder`/run.json whole."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{RUN_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, folder / RUN_FILE)
+        report = RunReport(
+            task=self.task, state=state, pid=os.getpid(), pid_start=process_start(os.getpid()),
+            host=socket.gethostname(), detached=self.detached, started=self.started,
+            ended=now if finish else None, duration_s=round(now - self.started, 2),
+            verdict=finish.verdict if finish else None, exit_code=finish.exit_code if finish else None,
+            problem=finish.problem if finish else None, result=result,
+            steps_per_s=None if rate is None else round(rate, 2),
+            steady_steps_per_s=None if steady is None else round(steady, 3),
+            first_step_s=None if first_step_s is None else round(first_step_s, 2),
+            note=note, limit=limit, knobs=self.knobs, cluster=cluster,
+            faults=machine.drills.rows(machine.began), nodes=node_rows(machine),
+        )
+        report.save(self.folder)
+        return report
 
 
 NUMBER = (int, float)
-# What each key of a run.json (or an exec's record) holds, as `RunRecord.write` writes it: a file
-# edited by hand, or half-written by another tool, is read as no record rather than trusted.
+# What each key of an exec's record holds, as ExecSession writes it: a file edited by hand, or
+# half-written by another tool, is read as no record rather than trusted.
 RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "task": str, "state": str, "pid": int, "pid_start": str, "host": str, "detached": bool, "node": str,
-    "id": str, "started": NUMBER, "ended": NUMBER, "duration_s": NUMBER, "verdict": str, "exit_code": int,
-    "problem": str, "result": str, "steps_per_s": NUMBER, "first_step_s": NUMBER, "note": str,
-    "faults": list, "nodes": dict, "limit": dict, "knobs": dict, "cluster": dict, "steady_steps_per_s": NUMBER,
+    "task": str, "state": str, "pid": int, "pid_start": str, "host": str, "node": str, "id": str,
+    "started": NUMBER, "ended": NUMBER, "verdict": str, "exit_code": int, "steps_per_s": NUMBER,
 }
 
 
 def well_formed(data: Any) -> bool:
-    """Whether a record's known keys hold what tflab writes there (None for any of them)."""
+    """Whether an exec's record holds what tflab writes there (None for any key)."""
     if not isinstance(data, dict):
         return False
     for key, kind in RECORD_TYPES.items():
@@ -122,26 +98,9 @@ def well_formed(data: Any) -> bool:
             continue
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             return False
-        if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return False
-    nodes = data.get("nodes") or {}
-    faults = data.get("faults") or []
-    return all(isinstance(row, dict) for row in nodes.values()) and all(isinstance(row, dict) for row in faults)
-
-
-def load(folder: Path) -> dict[str, Any] | None:
-    """The run.json in `folder`, or None when there is none (or it cannot be read, or is not one tflab wrote)."""
-    try:
-        data = json.loads((folder / RUN_FILE).read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
-    return data if well_formed(data) else None
-
-
-def is_live(data: dict[str, Any]) -> bool:
-    """Whether a run that is not finished still has its supervisor (on this host)."""
-    return (data.get("state") != "finished" and data.get("host") == socket.gethostname()
-            and pid_alive(data.get("pid"), data.get("pid_start")))
+    return True
 
 
 def a_runs_folder(folder: Path) -> bool:
@@ -176,15 +135,15 @@ def unreadable(runs_dir: Path) -> list[Path]:
     return sorted(f for f in runs_dir.iterdir() if (f / RUN_FILE).is_file() and load(f) is None)
 
 
-def all_runs(runs_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+def all_runs(runs_dir: Path) -> list[tuple[Path, RunReport]]:
     """Every run kept under the runs folder (the current one of a task and the ones moved aside)."""
     found = []
     if runs_dir.is_dir():
         for folder in runs_dir.iterdir():
-            data = load(folder) if folder.is_dir() else None
-            if data is not None:
-                found.append((folder, data))
-    return sorted(found, key=lambda item: item[1].get("started") or 0)
+            report = load(folder) if folder.is_dir() else None
+            if report is not None:
+                found.append((folder, report))
+    return sorted(found, key=lambda item: item[1].started or 0)
 
 
 class ExecRecords:
@@ -223,12 +182,12 @@ class ExecRecords:
 def activity(runs_dir: Path, execs_dir: Path) -> dict[str, tuple[str, float | None]]:
     """What each node is running now, by node: (task, its current steps/s), from live runs and execs."""
     found: dict[str, tuple[str, float | None]] = {}
-    for _folder, data in all_runs(runs_dir):
-        if not is_live(data):
+    for _folder, report in all_runs(runs_dir):
+        if not report.is_live():
             continue
-        for node, row in (data.get("nodes") or {}).items():
-            if row.get("verdict") in ("running", "held"):
-                found[node] = (data.get("task", "?"), row.get("recent_steps_per_s"))
+        for node, row in report.nodes.items():
+            if row.verdict in ("running", "held"):
+                found[node] = (report.task, row.recent_steps_per_s)
     if execs_dir.is_dir():
         for folder in sorted(execs_dir.iterdir()):
             for record in ExecRecords(folder).live():

@@ -22,9 +22,10 @@ from tflab.plan import faults
 from tflab.plan import knobs as knob_rules
 from tflab.plan.config import Task
 from tflab.plan.knobs import Knobs
-from tflab.run import history
+from tflab.run import runreport
 from tflab.run.launcher import RunResult, Sink
 from tflab.run.runplan import RunPlan, run_plan
+from tflab.run.runreport import RunReport
 from tflab.run.task_run import RunOptions, TaskRun
 
 
@@ -97,7 +98,7 @@ def prepare_run(lf: LabFiles, request: RunRequest, open_side: Callable[[], LabBa
 
 
 def execute_run(lf: LabFiles, prepared: PreparedRun, make_sink: Callable[[IO[str]], Sink],
-                detached: bool = False) -> tuple[RunResult, dict, TaskRun]:
+                detached: bool = False) -> tuple[RunResult, RunReport, TaskRun]:
     """Run a prepared run to its verdict: its knobs set first and restored after, however it ends.
     `make_sink` makes where its output goes, given the run's output.log."""
     request = prepared.request
@@ -129,17 +130,17 @@ def execute_run(lf: LabFiles, prepared: PreparedRun, make_sink: Callable[[IO[str
                 for said in setter.restore():
                     sink.event(f"restored: {said}")
 
-        result, data = session.execute(on_start=set_knobs, on_end=restore_knobs)
-        return result, data, session
+        result, report = session.execute(on_start=set_knobs, on_end=restore_knobs)
+        return result, report, session
     finally:
         prepared.lock.close()
 
 
 def task_in_use(lf: LabFiles, task: str) -> str:
     """Why a task cannot be run now: a run of it is going, or execs of it are."""
-    data = history.load(lf.runs_dir / task)
-    if data is not None and history.is_live(data):
-        return (f"run {task} is already going (pid {data['pid']}); `tflab attach {task}` follows it, "
+    report = runreport.load(lf.runs_dir / task)
+    if report is not None and report.is_live():
+        return (f"run {task} is already going (pid {report.pid}); `tflab attach {task}` follows it, "
                 f"`tflab stop {task}` ends it")
     return (f"task {task} is in use: a run of it is starting, or `tflab exec NODE {task}` runs in another "
             "terminal; wait until it ends (or stop it) before `tflab run " + task + "`")

@@ -26,6 +26,7 @@ from tflab.plan import links
 from tflab.plan.config import LabConfig, check_task_name
 from tflab.plan.knobs import Knobs
 from tflab.plan.topology import Lab
+from tflab.run.runreport import RunReport
 
 SWEEPS_DIR = "sweeps"
 SPEC_FILE = "sweep.json"
@@ -271,18 +272,18 @@ def batch_of(batch: str | None, knobs: Knobs, lab: Lab) -> float | None:
     return value if value > 0 else None
 
 
-def row(spec: SweepSpec, point: Point, data: Mapping[str, Any], run_folder: str, batch: float | None,
+def row(spec: SweepSpec, point: Point, report: RunReport, run_folder: str, batch: float | None,
         nodes: Sequence[str]) -> dict[str, Any]:
     """One point's row: its axes as written, its verdict and figures, each node's CPU and traffic."""
-    rate = data.get("steady_steps_per_s") or data.get("steps_per_s")
-    limit = data.get("limit") or {}
+    rate = report.steady_steps_per_s or report.steps_per_s
+    limit = report.limit or {}
     out: dict[str, Any] = {"point": point.key, **point.values, "repeat": point.repeat,
-                           "verdict": data.get("verdict"), "steps_per_s": rate,
+                           "verdict": report.verdict, "steps_per_s": rate,
                            "examples_per_s": round(rate * batch, 2) if rate and batch else None,
-                           "first_step_s": data.get("first_step_s"),
+                           "first_step_s": report.first_step_s,
                            "limit": f"{limit['kind']}: {limit.get('evidence', '')}" if limit.get("kind") else None,
                            "run": run_folder}
-    cluster = data.get("cluster") or {}
+    cluster = report.cluster or {}
     for node in nodes:
         figures = cluster.get(node) or {}
         out[f"{node}.cpu"] = figures.get("cpu")

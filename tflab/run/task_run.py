@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from tflab.engine.executors import Executor
 from tflab.host.labfiles import LabFiles
@@ -24,6 +24,7 @@ from tflab.run import history
 from tflab.run.cluster import ClusterWatch
 from tflab.run.launcher import Injector, Launcher, RunResult, RunSetup, Sink
 from tflab.run.runplan import RunPlan
+from tflab.run.runreport import RunReport
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class TaskRun:
         self.lf = lf
         self.options = options
         self.folder = history.fresh_run_dir(lf.runs_dir, definition.name, options.resume)
-        self.record = history.RunRecord(self.folder, definition.name, options.detached, time.time())
+        self.record = history.RunRecorder(self.folder, definition.name, options.detached, time.time())
         self.record.knobs = options.knobs.as_dict() if options.knobs else None
         self.output_log = (self.folder / history.OUTPUT_FILE).open("a")
         self.sink = make_sink(self.output_log)
@@ -71,7 +72,7 @@ class TaskRun:
         self.launcher.interrupt(reason, force)
 
     def execute(self, on_start: Callable[[], None] | None = None,
-                on_end: Callable[[], None] | None = None) -> tuple[RunResult, dict[str, Any]]:
+                on_end: Callable[[], None] | None = None) -> tuple[RunResult, RunReport]:
         """Run to the verdict; (the result, run.json as written at the end).
 
         `on_start` is called before anything starts (a run's knobs set), `on_end` after everything
@@ -86,10 +87,10 @@ class TaskRun:
                 result = self.launcher.execute()
             finally:
                 limit = self.watch.stop() if self.watch is not None else None
-            data = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
+            report = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
                                      limit=limit.as_dict() if limit is not None else None,
                                      cluster=self.watch.series.means() if self.watch is not None else None)
-            return result, data
+            return result, report
         finally:
             try:
                 if on_end is not None:
