@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import cli
 
-from tflab.engine import compose_lab, packages
+from tflab.engine import bringup, packages
 from tflab.errors import UserError
 from tflab.host import buildsettings, labfiles
 from tflab.plan import config as cfg
@@ -92,10 +92,10 @@ def test_a_pinned_version_the_index_lacks_for_the_bases_python_is_refused_naming
     monkeypatch.setattr(buildsettings, "index_versions", lambda run, package, python: ["2.21.0", "2.20.0"])
     with pytest.raises(UserError, match=r"TensorFlow 2.19.0 cannot be installed \(tflab's own base: noble, Python "
                                         r"3.12\): the index has tensorflow-cpu 2.21.0, 2.20.0 for that Python"):
-        compose_lab.check_release("2.19.0", False, (3, 12), "noble")
-    compose_lab.check_release("2.20", False, (3, 12), "noble")  # 2.20: the newest 2.20.x
+        bringup.check_release("2.19.0", False, (3, 12), "noble")
+    bringup.check_release("2.20", False, (3, 12), "noble")  # 2.20: the newest 2.20.x
     with pytest.raises(UserError, match=r"TensorFlow 2.19.0 has no wheels for Python 3.13 .* pick 2.20 to 2.21"):
-        compose_lab.check_release("2.19.0", False, (3, 13), "trixie")
+        bringup.check_release("2.19.0", False, (3, 13), "trixie")
     assert cfg.tensorflow_requirement(False, "2.20") == "tensorflow-cpu==2.20.*"
     assert cfg.local_base(False, "2.19.0") == "tflab-base:cpu-tf2.19.0"
     assert cfg.official_base(True, "2.19.0") == "tensorflow/tensorflow:2.19.0-gpu"

@@ -1,14 +1,19 @@
-"""The stages of a lab's life both backends share: its node image, its links tried, its nodes ready, its removal.
+"""A lab's bring-up as one pipeline of named stages both backends run, and what else of a lab's life they share.
 
-A compose lab and a swarm lab differ in how their nodes are started; what comes before (the
-image the nodes run, the kernel's shaping tried in a throwaway container) and after (every
-node's sshd answering; every container and network of the lab removed) is one code, here.
+`bring_up` is the order every backend follows: check what must hold, build the node image, try
+the links' shaping in a throwaway container, write the engine's file, start the nodes (each one
+copied into and waited on as soon as it runs), make the standbys. A backend (compose_lab,
+swarm_lab) says how it does each stage (`Stages`); the image, the links, the copy and the SSH
+wait are one code, here, as is a lab's removal.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -17,6 +22,9 @@ from docker.models.containers import Container
 from tflab.engine import local_base, node_image, packages
 from tflab.engine.builds import BuildResult, Progress, image_exists
 from tflab.engine.containers import labelled, probe_links
+from tflab.engine.copying import Copier, CopyTarget
+from tflab.engine.executors import Executor
+from tflab.engine.guardcmd import warm_up
 from tflab.errors import EngineError, UserError
 from tflab.host import buildsettings, proc
 from tflab.host.fanout import parallel
@@ -27,6 +35,81 @@ from tflab.plan import links
 from tflab.render import image_files
 
 READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """The node image: the name the nodes run it by (a registry's, for a swarm on several hosts), and its tag here."""
+
+    deployed: str
+    local: str
+
+
+@dataclass(frozen=True)
+class RunningNode:
+    """A node that runs: where its code and data go, where its sshd answers, its container (where it is here)."""
+
+    copy_to: CopyTarget
+    ssh: tuple[str, int]
+    container: Any = None
+    copy_over_ssh: bool = False  # its copy goes through its sshd, which must answer first
+
+
+OnRunning = Callable[[str, RunningNode], None]
+
+
+class Stages(Protocol):
+    """How one backend does each stage of `bring_up`."""
+
+    def check(self) -> None:
+        """What must hold before anything is built or started (ports free, a swarm manager, placements)."""
+
+    def build(self, progress: Progress) -> NodeImage:
+        """The node image, built (and pushed) where needed."""
+
+    def to_start(self) -> bool:
+        """Whether some node is not running yet (then the links' shaping is tried first)."""
+
+    def write(self, image: str) -> None:
+        """The engine's file for the lab (the compose file, the stack file), naming `image`."""
+
+    def start(self, progress: Progress, on_running: OnRunning) -> list[str]:
+        """Start the nodes, calling `on_running` for each as soon as it runs; the nodes that run."""
+
+    def executor(self, names: list[str], via: str = "docker") -> Executor:
+        """What runs commands in the nodes."""
+
+
+def bring_up(lf: LabFiles, client: docker.DockerClient, stages: Stages, progress: Progress) -> list[str]:
+    """Bring the lab up (idempotent), stage by stage; what was copied into which node, as `kind→node`."""
+    stages.check()
+    image = stages.build(progress)
+    if stages.to_start():
+        check_links(lf, client, image.local)
+    lf.runs_dir.mkdir(parents=True, exist_ok=True)
+    stages.write(image.deployed)
+    copier = Copier(lf, progress)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+
+    def ready(name: str, node: RunningNode) -> None:
+        """Copy into a node and wait for its sshd, as soon as it runs (while the others still start)."""
+        if node.copy_over_ssh:
+            answer(name, node)
+        copier.copy(name, node.copy_to)
+        answer(name, node)
+
+    def answer(name: str, node: RunningNode) -> None:
+        if not wait_for_ssh(*node.ssh, deadline):
+            raise not_ready(name, node.ssh, node.container)
+
+    try:
+        running = stages.start(progress, ready)
+    finally:
+        copied = copier.finish()
+    if lf.warm:
+        # Once every node runs: their imports would only slow the others' start.
+        warm_up(stages.executor(running), running)
+    return copied
 
 
 def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, force: bool = False) -> BuildResult:
@@ -118,17 +201,6 @@ def not_ready(name: str, target: tuple[str, int], container) -> EngineError:
         tail = f"; its last output: {logs.splitlines()[-1]}" if logs else ""
     return EngineError(f"{name} did not answer SSH on {target[0]}:{target[1]} within {READY_TIMEOUT_S:.0f}s{tail}; "
                        f"see `tflab logs {name}`")
-
-
-def wait_ready(targets: dict[str, tuple[str, int]], containers: dict, progress: Progress) -> None:
-    """Wait until every node's sshd answers on its published port, all nodes at once."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    progress.step(f"waiting for {len(targets)} sshd(s)")
-    names = list(targets)
-    ready = dict(zip(names, parallel(lambda name: wait_for_ssh(*targets[name], deadline), names, name="ssh")))
-    for name, ok in ready.items():
-        if not ok:
-            raise not_ready(name, targets[name], containers.get(name))
 
 
 def down(project: str, client: docker.DockerClient) -> tuple[int, int]:

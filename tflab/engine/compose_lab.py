@@ -1,8 +1,7 @@
-"""Lab life cycle on one engine: build, up, status, down (the nodes as the lab's compose file says)."""
+"""A lab on this host's engine, its nodes as its compose file says: the stages of its bring-up, status, exec, down."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import docker
@@ -12,14 +11,14 @@ from docker.models.containers import Container
 
 from tflab.engine import compose_up
 from tflab.engine.backend import NodeState
-from tflab.engine.bringup import (  # noqa: F401  (check_release, down: re-exported for the lab's callers)
-    READY_TIMEOUT_S,
-    check_links,
-    check_release,
+from tflab.engine.bringup import (
+    NodeImage,
+    OnRunning,
+    RunningNode,
+    bring_up,
     down,
     ensure_image,
     interactive_exec,
-    not_ready,
 )
 from tflab.engine.builds import Progress
 from tflab.engine.containers import (
@@ -27,13 +26,11 @@ from tflab.engine.containers import (
     log_lines,
     state_of,
 )
-from tflab.engine.copying import Copier, docker_target
+from tflab.engine.copying import docker_target
 from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
-from tflab.engine.guardcmd import warm_up
 from tflab.errors import UserError
 from tflab.host import ports
 from tflab.host.labfiles import LabFiles
-from tflab.host.ports import wait_for_ssh
 
 def connect_host(bind: str) -> str:
     """Where the host reaches a published port (the wildcard binds are reached on loopback)."""
@@ -49,40 +46,6 @@ def check_ports_for_absent(lf: LabFiles, containers: dict) -> None:
             continue
         wanted += [(node.name, "SSH", node.ssh_port), (node.name, "TensorBoard", node.tensorboard_port)]
     ports.require_free(lf.lab.topology.bind, wanted)
-
-
-def up(lf: LabFiles, client: docker.DockerClient, progress: Progress) -> list[str]:
-    """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied, standbys made.
-
-    Each node, as soon as it runs, gets its copy and is waited on, while the others still start.
-    """
-    built = ensure_image(lf, client, progress)
-    lf.write_compose(built.tag)
-    lf.runs_dir.mkdir(parents=True, exist_ok=True)
-    existing = lab_containers(client, lf.project)
-    check_ports_for_absent(lf, existing)
-    if any(c.status != "running" for c in existing.values()) or len(existing) < len(lf.lab.nodes):
-        check_links(lf, client, built.tag)
-    doc = yaml.safe_load(lf.compose_path.read_text())
-    host = connect_host(lf.lab.topology.bind)
-    ports_of = {n.name: n.ssh_port for n in lf.lab.nodes}
-    copier = Copier(lf, progress)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-
-    def on_running(name: str, container) -> None:
-        copier.copy(name, docker_target(client, container))
-        if not wait_for_ssh(host, ports_of[name], deadline):
-            raise not_ready(name, (host, ports_of[name]), container)
-
-    progress.step(f"starting {len(lf.lab.nodes)} node{'' if len(lf.lab.nodes) == 1 else 's'}")
-    try:
-        running = compose_up.start(client, doc, lf.root, lf.project, lf.compose_path, on_running)
-    finally:
-        copied = copier.finish()
-    if lf.warm:
-        # Once every node runs: their imports would only slow the others' start.
-        warm_up(DockerExecutor(client, running), list(running))
-    return copied
 
 
 def status(lf: LabFiles, client: docker.DockerClient) -> dict[str, NodeState]:
@@ -109,7 +72,36 @@ class ComposeLab:
         self.client = client
 
     def up(self, progress: Progress) -> list[str]:
-        return up(self.lf, self.client, progress)
+        """Bring the lab up (idempotent): image, nodes, SSH ready, code and data copied, standbys made."""
+        return bring_up(self.lf, self.client, self, progress)
+
+    # -- the stages of bring_up ----------------------------------------------------------------
+
+    def check(self) -> None:
+        check_ports_for_absent(self.lf, lab_containers(self.client, self.lf.project))
+
+    def build(self, progress: Progress) -> NodeImage:
+        built = ensure_image(self.lf, self.client, progress)
+        return NodeImage(built.tag, built.tag)
+
+    def to_start(self) -> bool:
+        existing = lab_containers(self.client, self.lf.project)
+        return any(c.status != "running" for c in existing.values()) or len(existing) < len(self.lf.lab.nodes)
+
+    def write(self, image: str) -> None:
+        self.lf.write_compose(image)
+
+    def start(self, progress: Progress, on_running: OnRunning) -> list[str]:
+        """Each node, as soon as it runs, is handed on (copied into, waited on) while the others still start."""
+        doc = yaml.safe_load(self.lf.compose_path.read_text())
+        targets = self.ssh_targets()
+        count = len(self.lf.lab.nodes)
+        progress.step(f"starting {count} node{'' if count == 1 else 's'}")
+        running = compose_up.start(
+            self.client, doc, self.lf.root, self.lf.project, self.lf.compose_path,
+            lambda name, container: on_running(name, RunningNode(docker_target(self.client, container),
+                                                                 targets[name], container)))
+        return list(running)
 
     def down(self) -> tuple[int, int]:
         return down(self.lf.project, self.client)

@@ -29,10 +29,9 @@ from tflab.engine.builds import Progress
 from tflab.engine.bringup import interactive_exec
 from tflab.engine.containers import lab_containers, labelled, lines_of, state_of
 from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
-from tflab.engine.guardcmd import warm_up
 from tflab.errors import CommandError, EngineError, TflabError, UserError
 from tflab.host import proc
-from tflab.host.fanout import merged
+from tflab.host.fanout import merged, parallel
 from tflab.host.labfiles import LabFiles
 from tflab.render import schemas, templates
 
@@ -135,13 +134,27 @@ class SwarmLab:
         return text
 
     def up(self, progress: Progress) -> list[str]:
+        """Bring the stack up (idempotent): image pushed, services deployed, SSH ready, code and data copied."""
+        return bringup.bring_up(self.lf, self.client, self, progress)
+
+    # -- the stages of bring_up ----------------------------------------------------------------
+
+    def check(self) -> None:
         self.require_manager()
         self.check_placements()
-        image, local_tag = self.image(progress)
-        if len(self._running_tasks()) < len(self.lf.lab.nodes):
-            bringup.check_links(self.lf, self.client, local_tag)
-        self.lf.runs_dir.mkdir(parents=True, exist_ok=True)
+
+    def build(self, progress: Progress) -> bringup.NodeImage:
+        deployed, local = self.image(progress)
+        return bringup.NodeImage(deployed, local)
+
+    def to_start(self) -> bool:
+        return len(self._running_tasks()) < len(self.lf.lab.nodes)
+
+    def write(self, image: str) -> None:
         self.lf.stack_path.write_text(self.render(image))
+
+    def start(self, progress: Progress, on_running: bringup.OnRunning) -> list[str]:
+        """Deploy the stack and wait for its tasks; then each node, here or on another host, is handed on."""
         progress.step(f"deploying the stack {self.stack} ({len(self.lf.lab.nodes)} services)")
         resolve = "always" if self.lf.config.swarm.registry else "never"
         argv = ["docker", "stack", "deploy", "--prune", "--resolve-image", resolve, "-c", str(self.lf.stack_path),
@@ -151,14 +164,17 @@ class SwarmLab:
         try:
             self.runner(argv, cwd=str(self.lf.root))
         except CommandError as exc:
-            raise EngineError(f"docker stack deploy failed: {exc.output.strip().splitlines()[-1] if exc.output.strip() else exc}") from exc
+            last = exc.output.strip().splitlines()[-1] if exc.output.strip() else exc
+            raise EngineError(f"docker stack deploy failed: {last}") from exc
         self.wait_running(progress)
         targets = self.ssh_targets()
-        bringup.wait_ready(targets, self.local_containers(), progress)
-        copied = copying.copy_changed(self.lf, self.copy_targets(targets), progress)
-        if self.lf.warm:
-            warm_up(self.executor(list(targets)), list(targets))
-        return copied
+        local = self.local_containers()
+        copy_to = self.copy_targets(targets)
+        progress.step(f"waiting for {len(targets)} sshd(s)")
+        names = list(targets)
+        parallel(lambda name: on_running(name, bringup.RunningNode(
+            copy_to[name], targets[name], local.get(name), copy_over_ssh=name not in local)), names, name="ready")
+        return names
 
     def _services(self) -> dict[str, Any]:
         found = self.client.services.list(filters={"label": f"tflab.lab={self.stack}"})
