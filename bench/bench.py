@@ -266,23 +266,48 @@ def host_tensorflow() -> str | None:
 
 
 def bench_overhead(root: Path, repeats: int) -> None:
+    """The same training in a node and on the host; then where a node's difference comes from, measured apart:
+    tflab's guard (a bare `docker exec` in the same node), seccomp (a container of the node image with the
+    engine's default profile and with none), and the Python build (each side's version, said)."""
     python = host_tensorflow()
     if python is None:
         print("overhead: skipped (no TensorFlow on the host and none could be installed)")
         return
     lab = gen(root, 1)
     sh([*TFLAB, "up", "--lab", str(lab)])
-    ours, theirs = [], []
-    for i in range(repeats):
+    lf = labfiles.open_lab(lab)
+    container = lab_containers(daemon.client(), lf.project)["worker0"]
+    image = container.image.tags[0] if container.image.tags else container.image.id
+    mounts = ["-v", f"{lf.root / 'code'}:/workspace:ro", "-v", f"{lf.root / 'data'}:/data:ro", "-v", f"{root}:/runs"]
+    ours, theirs, bare, confined, unconfined = [], [], [], [], []
+    for i in range(repeats):  # alternated, so a drift of the machine hits every side
         inside = LOCAL_PAIR.format(dir="/workspace", p=2300, w=2301, data="/data", log=f"/runs/o{i}")
         ours.append(examples_per_second(sh([*TFLAB, "exec", "--lab", str(lab), "worker0", "--", "sh", "-c", inside])))
+        bare.append(examples_per_second(sh(["docker", "exec", container.id, "sh", "-c",
+                                            inside.replace("/runs/o", "/runs/b")])))
         on_host = LOCAL_PAIR.format(dir=lab / "code", p=free_port_base(1), w=free_port_base(1), data=lab / "data",
                                     log=root / f"host{i}").replace("python ", f"{python} ", 2)
         theirs.append(examples_per_second(sh(["sh", "-c", on_host], cwd=lab / "code")))
+        for profile, into in (([], confined), (["--security-opt", "seccomp=unconfined"], unconfined)):
+            run_line = inside.replace("/runs/o", f"/runs/s{len(into)}{'u' if profile else 'd'}")
+            into.append(examples_per_second(sh(["docker", "run", "--rm", *profile, *mounts, "--entrypoint", "sh",
+                                                image, "-c", run_line])))
+    versions = {
+        "node": sh(["docker", "exec", container.id, "python", "-c", PY_VERSIONS]).strip(),
+        "host": sh([python, "-c", PY_VERSIONS]).strip(),
+    }
     down(lab)
     ratio = statistics.median(ours) / statistics.median(theirs)
     row("training examples/s, 1 node: in the lab vs on the host (higher is better)", ours, theirs,
         "≥ 0.97", ratio >= 0.97, unit="/s")
+    row("  of which the guard: `tflab exec` vs a bare `docker exec` in the same node", ours, bare, "", None, unit="/s")
+    row("  of which seccomp: a container with the default profile vs unconfined", confined, unconfined, "", None,
+        unit="/s")
+    print(f"overhead: Python and TensorFlow in the node: {versions['node']}; on the host: {versions['host']}")
+
+
+PY_VERSIONS = ("import sys, tensorflow as tf; print(sys.version.split()[0], sys.version.split('(')[-1].rstrip(')'), "
+               "'TF', tf.__version__)")
 
 
 # -- machines and watching (issue 19) ------------------------------------------------------------
