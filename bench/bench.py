@@ -633,11 +633,14 @@ def bench_gen(root: Path, repeats: int) -> None:
         own, whole = [], []
         for i in range(repeats):
             target = root / f"gen-{count}-{i}"
+            # nodes sharing the host (256 nodes on a small host would each get less CPU than the engine sets)
             config = cfg.LabConfig(name="bench", topology=Topology(nodes=count, ssh_port_base=30000,
-                                                                   tensorboard_port_base=40000))
+                                                                   tensorboard_port_base=40000,
+                                                                   cpus_per_node="0", memory_per_node="0"))
             own.append(timed(lambda: labfiles.write_lab(config, target, force=True)))
             whole.append(timed(lambda: sh([*TFLAB, "gen", "--force", "--lab", str(target), "--nodes", str(count),
-                                           "--ssh-port-base", "30000", "--tensorboard-port-base", "40000"])))
+                                           "--ssh-port-base", "30000", "--tensorboard-port-base", "40000",
+                                           "--cpus-per-node", "0", "--memory-per-node", "0"])))
         row(f"gen, {count} nodes: tflab's own time vs the whole command", own, whole,
             note="the rest is Python's start-up and imports")
 
