@@ -17,7 +17,7 @@ from tflab.errors import UserError
 from tflab.host.proc import pid_alive, process_start
 from tflab.plan import progress
 from tflab.run.machine import RunMachine
-from tflab.run.runreport import RUN_FILE, NodeRow, RunReport, load
+from tflab.run.runreport import NUMBER, RUN_FILE, NodeRow, RunReport, holds_types, load
 
 OUTPUT_FILE = "output.log"
 LOG_DIR = "logs"
@@ -79,7 +79,6 @@ class RunRecorder:
         return report
 
 
-NUMBER = (int, float)
 # What each key of an exec's record holds, as ExecSession writes it: a file edited by hand, or
 # half-written by another tool, is read as no record rather than trusted.
 RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -90,17 +89,7 @@ RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
 
 def well_formed(data: Any) -> bool:
     """Whether an exec's record holds what tflab writes there (None for any key)."""
-    if not isinstance(data, dict):
-        return False
-    for key, kind in RECORD_TYPES.items():
-        value = data.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            return False
-        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-            return False
-    return True
+    return isinstance(data, dict) and holds_types(data, RECORD_TYPES)
 
 
 def a_runs_folder(folder: Path) -> bool:

@@ -83,11 +83,11 @@ class RunReport:
     @classmethod
     def from_json(cls, data: Any) -> RunReport | None:
         """The record `data` holds, or None where a key holds what tflab never writes there."""
-        if not isinstance(data, dict) or not _typed(data, _TYPES) or not isinstance(data.get("task"), str) \
+        if not isinstance(data, dict) or not holds_types(data, _TYPES) or not isinstance(data.get("task"), str) \
                 or not isinstance(data.get("state"), str):
             return None
         nodes = data.get("nodes") or {}
-        if not all(isinstance(row, dict) and isinstance(row.get("role"), str) and _typed(row, _NODE_TYPES)
+        if not all(isinstance(row, dict) and isinstance(row.get("role"), str) and holds_types(row, _NODE_TYPES)
                    for row in nodes.values()) or not all(isinstance(row, dict) for row in data.get("faults") or []):
             return None
         known = {k: v for k, v in data.items() if k in _TYPES and v is not None}
@@ -116,7 +116,8 @@ def _types_of(kind: type) -> dict[str, type | tuple[type, ...]]:
     return found
 
 
-def _typed(data: dict[str, Any], types: dict[str, type | tuple[type, ...]]) -> bool:
+def holds_types(data: dict[str, Any], types: dict[str, type | tuple[type, ...]]) -> bool:
+    """Whether each key of `data` that `types` names holds that type (or None); no bool for a number, no NaN."""
     for key, kind in types.items():
         value = data.get(key)
         if value is None:
