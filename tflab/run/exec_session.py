@@ -266,8 +266,8 @@ class ExecSession:
                 reading = reader.read(line)
                 if reading is not None or (line.strip() and not progress.is_noise(line)):  # a sign of life
                     self.events.put(Printed(setup.node, self.clock(), reading.step if reading else None,
-                                                reading.rate if reading else None,
-                                                leader_gone=bool(progress.LEADER_GONE.search(line))))
+                                            reading.rate if reading else None,
+                                            leader_gone=bool(progress.LEADER_GONE.search(line))))
             self.on_output(chunk, is_err)
 
         def on_exit(code: int | None, reason: str | None) -> None:
