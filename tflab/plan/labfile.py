@@ -8,7 +8,8 @@ each mapping, the reading (`from_yaml`) and the writing (`to_yaml`) all come fro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -73,6 +74,15 @@ class Section:
 # -- how values are read ---------------------------------------------------------------------------
 
 
+@contextmanager
+def said_as_the_files(read: Reader, prefix: str = "") -> Iterator[None]:
+    """A check's UserError, said as the file's: `tflab.yaml: ...` (after `prefix`, where the check names no key)."""
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(f"{read.source}: {prefix}{exc}") from None
+
+
 def whole(default: int, minimum: int | None = None, maximum: int | None = None) -> ReadKey:
     return lambda read, doc, key, where: read.whole(doc, key, where, default, minimum, maximum)
 
@@ -95,10 +105,8 @@ def string(default: str | None, choices: tuple[str, ...] | None = None,
     def read_it(read: Reader, doc: dict, key: str, where: str) -> str | None:
         value = read.string(doc, key, where, default, choices=choices)
         if value is not None and check is not None:
-            try:
+            with said_as_the_files(read):
                 check(value, f"{where}.{key}" if where else key)
-            except UserError as exc:
-                raise UserError(f"{read.source}: {exc}") from None
         return value if value is not None else default
     return read_it
 
@@ -117,19 +125,15 @@ def share(check: Callable[[str, str], str]) -> ReadKey:
         value = doc.get(key, shares.AUTO)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise read.fail(f"{where}.{key}", f"must be auto, 0 or a number, not {shown(value)}")
-        try:
+        with said_as_the_files(read):
             return check(str(value), f"{where}.{key}")
-        except UserError as exc:
-            raise UserError(f"{read.source}: {exc}") from None
     return read_it
 
 
 def link_rate(read: Reader, doc: dict, key: str, where: str) -> str | None:
     rate = read.string(doc, key, where, None)
-    try:
+    with said_as_the_files(read):
         return link_rules.parse_rate(rate, f"{where}.{key}") if rate else None
-    except UserError as exc:
-        raise UserError(f"{read.source}: {exc}") from None
 
 
 def link_delay(read: Reader, doc: dict, key: str, where: str) -> float | None:
@@ -138,10 +142,8 @@ def link_delay(read: Reader, doc: dict, key: str, where: str) -> float | None:
         return None
     if isinstance(delay, bool) or not isinstance(delay, (int, float)):
         raise read.fail(f"{where}.{key}", f"must be a number of milliseconds, not {shown(delay)}")
-    try:
+    with said_as_the_files(read):
         return link_rules.parse_delay(delay, f"{where}.{key}")
-    except UserError as exc:
-        raise UserError(f"{read.source}: {exc}") from None
 
 
 def package_list(check: Callable[[str, str], str]) -> ReadKey:
@@ -149,20 +151,16 @@ def package_list(check: Callable[[str, str], str]) -> ReadKey:
         values = doc.get(key) or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise read.fail(f"{where}.{key}", f"must be a list of texts, not {shown(values)}")
-        try:
+        with said_as_the_files(read):
             return tuple(check(v, f"{where}.{key}") for v in values)
-        except UserError as exc:
-            raise UserError(f"{read.source}: {exc}") from None
     return read_it
 
 
 def tensorflow(read: Reader, doc: dict, key: str, where: str) -> str | None:
     value = read.string(doc, key, where, None)
     if value is not None:
-        try:
+        with said_as_the_files(read, f"{where}.{key}: "):
             check_tensorflow(str(value))
-        except UserError as exc:
-            raise UserError(f"{read.source}: {where}.{key}: {exc}") from None
     return value
 
 
@@ -171,10 +169,8 @@ def placement(read: Reader, doc: dict, key: str, where: str) -> dict[str, str]:
     for node, host in place.items():
         if not isinstance(host, str) or not host:
             raise read.fail(f"{where}.{key}.{node}", f"must name a host, not {shown(host)}")
-        try:
+        with said_as_the_files(read):
             check_host_label(host, f"{where}.{key}.{node}")
-        except UserError as exc:
-            raise UserError(f"{read.source}: {exc}") from None
     return dict(place)
 
 
