@@ -1,38 +1,39 @@
-"""tflab's guard: how tflab starts, holds, watches and stops processes inside a node.
+"""tflab's guard: how tflab starts, owns, watches and stops processes inside a node.
 
-Every process tflab starts in a node runs under this guard, which ties it to tflab. It is
-shipped into the node image as one file (guard.pyz, a zipapp of this package) and runs on
-the node's own Python, 3.6 or later (the Python of TensorFlow 1.15's images): standard
-library only.
+Every process tflab starts in a node is the child of a guard that owns it, waits on it and
+records how it ended (protocol.Ending). It is shipped into the node image as one file
+(guard.pyz, a zipapp of this package) and runs on the node's own Python, 3.6 or later (the
+Python of TensorFlow 1.15's images): standard library only. Its verbs and options are
+protocol.parser's, which the host builds its calls with (protocol.Call):
 
-  guard.pyz run KEY [--held] [--preload] [--warm] [--grace S] (-- ARGV | --shell CMD)
-      Attached to tflab: its standard input is tflab's connection, read a line at a time.
-      `go` releases a --held process; `stop`, or the end of the connection (tflab stopped
-      it, or died: even `kill -9` closes it), stops the process's whole group: SIGTERM,
-      then SIGKILL after the grace. --preload imports TensorFlow while held; --warm hands a
+  run KEY [--wait-for-go] [--preload] [--warm] [--grace S] [--lease L] (-- ARGV | --shell CMD)
+      A program attached to tflab: its output kept in the node and followed to the guard's
+      standard output; its standard input is tflab's connection (`go`, `stop`, `renew`). The
+      connection's end stops nothing; a lease not renewed for LEASE_S does (SIGTERM, SIGKILL
+      after the grace). --preload imports TensorFlow while it waits for go; --warm hands a
       Python program to the node's standby interpreter (TensorFlow imported already).
-  guard.pyz serve KEY [--warm] [--lease LEASE] [--log FILE] (-- ARGV | --shell CMD)
-      A server shared by several `tflab exec`s: it lives while a holder of LEASE lives
-      (without --lease, until `stop`: TensorBoard).
-  guard.pyz standby [--idle S]     one interpreter per node with TensorFlow imported, waiting
-                                   to become the next --warm program; leaves after S s unused.
-  guard.pyz warm                   exits 0 while the node's standby is ready.
-  guard.pyz hold LEASE             holds LEASE until its standard input ends (or says stop).
-  guard.pyz held LEASE             exits 0 while some holder of LEASE lives.
-  guard.pyz probe HOST:PORT [--key KEY] [--timeout S]
+  serve KEY [--warm] [--lease LEASE] [--log FILE] (-- ARGV | --shell CMD)
+      A server shared by several `tflab exec`s: it lives while LEASE has holders (without
+      --lease, until `stop`: TensorBoard).
+  attach KEY [--out N] [--err N]   KEY's output again from those offsets, and its end as the exit code.
+  hold LEASE HOLDER                holds LEASE while tflab renews it (`stop` leaves).
+  holders LEASE                    exits 0 while LEASE has a holder renewed in the last LEASE_S.
+  standby [--idle S]               one interpreter per node with TensorFlow imported, waiting to
+                                   become the next --warm program, and its owner; leaves after S s unused.
+  warm                             exits 0 while the node's standby is ready.
+  probe HOST:PORT [--key KEY] [--timeout S]
       exits 0 once HOST:PORT accepts, 3 if KEY's process ended first, 4 on timeout.
-  guard.pyz alive KEY              exits 0 while KEY's process lives.
-  guard.pyz ended KEY              prints how KEY's process ended: `CODE`, `137 oom` (the kernel's
-                                   out-of-memory killer), or `unknown`.
-  guard.pyz metrics [--every S] [--count N]
+  alive KEY                        exits 0 while KEY's process lives.
+  ended KEY                        prints how KEY's process ended (Ending, JSON), or `unknown`.
+  metrics [--every S] [--count N]
       a JSON line every S seconds: the node's CPU time, throttling, memory, OOM kills (its
       cgroup), network bytes (/proc/net/dev) and GPUs (nvidia-smi), until tflab's connection ends.
-  guard.pyz stop PATTERN... [--grace S] [--force]
-      stops every process group whose key matches a pattern (fnmatch).
+  stop PATTERN... [--grace S] [--force]
+      stops what the node's guards started under keys that match a pattern (fnmatch), by their records.
+  version                          the protocol's version.
 
-The jobs, a module each: `registry` (pid files), `groups` (process groups), `commands`
-(how a command line is run), `supervise` (attached and served processes), `memory` (OOM
-kills), `metrics`, `leases`,
-`standby` (the warm interpreter, descriptors passed over a unix socket), `proctitle`,
-`probe`, and `cli`.
+The jobs, a module each: `protocol` (what host and guard say), `registry` (records),
+`groups` (process groups), `commands` (how a command line is run), `connection` (tflab's
+words), `supervise` (owned processes), `standby` (the warm interpreter and its owner),
+`leases`, `stopping`, `memory` (OOM kills), `metrics`, `proctitle`, `probe`, and `cli`.
 """

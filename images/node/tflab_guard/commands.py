@@ -17,7 +17,7 @@ import sys
 # What needs a shell beyond words and quotes (shlex reads quotes and backslashes as sh does).
 SHELL_CHARS = set("|&;<>()$`*?[]{}~#\n")
 # The shell's own words (builtins and keywords): no program of that name is on PATH to look up.
-SHELL_WORDS = frozenset(["exec", "cd", "export", "source", ".", "set", "unset", "eval", "if", "for", "while",
+SHELL_WORDS = frozenset(["exec", "exit", "cd", "export", "source", ".", "set", "unset", "eval", "if", "for", "while",
                          "until", "case", "command", "builtin", "trap", "ulimit", "umask", "alias", "read",
                          "wait", "shift", "time", "!", "{", "readonly", "local", "type", "hash"])
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

@@ -1,44 +1,108 @@
-"""Leases: the `tflab exec`s of a task hold its shared servers; a server lives while a holder does."""
+"""Leases: tflab renews them while it is there; what they hold is stopped once they lapse.
 
-import glob
+A lease is a folder (/run/tflab/holds/LEASE) of holder files, each renewed (its mtime set)
+by a guard that reads a `renew` word from tflab's connection, every RENEW_EVERY_S. A lease
+is held while one holder was renewed in the last LEASE_S seconds. A connection that breaks
+does not end it: tflab attaches again and renews on. A holder that says `stop` leaves (its
+file goes at once); one whose tflab died (`kill -9`) lapses LEASE_S later.
+"""
+
 import os
 import sys
+import time
 
 from tflab_guard import registry
+from tflab_guard.protocol import LEASE_S, RENEW, RENEW_EVERY_S, STOP
+
+# A look at a lease this much later than the last one: this process was not running meanwhile (the
+# cgroup freezer of a `pause` drill, `docker pause`, a suspended host), and neither was its reader.
+FROZEN_S = 2.0
 
 
 def folder(lease):
     return registry.state_path("holds", lease)
 
 
-def holders(lease):
-    """The pid files of the live holders of `lease`."""
-    return [p for p in glob.glob(os.path.join(folder(lease), "*.pid")) if registry.read_pid(p) is not None]
+def holder_path(lease, holder):
+    return os.path.join(folder(lease), holder)
+
+
+def renew(lease, holder):
+    """The holder renews the lease now."""
+    path = holder_path(lease, holder)
+    try:
+        os.utime(path, None)
+    except OSError:
+        try:
+            os.makedirs(folder(lease), exist_ok=True)
+            with open(path, "a"):
+                pass
+        except OSError:
+            pass
+
+
+def leave(lease, holder):
+    registry.unlink(holder_path(lease, holder))
+
+
+def holders(lease, now=None):
+    """The holders of `lease` renewed in the last LEASE_S seconds."""
+    now = time.time() if now is None else now
+    fresh = []
+    try:
+        names = os.listdir(folder(lease))
+    except OSError:
+        return fresh
+    for name in names:
+        try:
+            if now - os.stat(holder_path(lease, name)).st_mtime <= LEASE_S:
+                fresh.append(name)
+        except OSError:
+            continue
+    return fresh
+
+
+class Watch:
+    """Whether a lease lapsed, as seen from a process that may itself have been frozen.
+
+    A frozen node's guard reads nothing, so tflab's renewals queue on its connection while the
+    holder files age. Thawed, a look at the lease could come before the reader has read them and
+    stop a program for a lapse that never was. So a look that comes FROZEN_S or more after the one
+    before it gives the reader a few renewals' time first: a freeze is not tflab's death.
+    """
+
+    def __init__(self, lease, clock=time.monotonic, fresh=None):
+        self.lease = lease
+        self.clock = clock
+        self.fresh = fresh or holders
+        self.last = clock()
+        self.after = self.last
+
+    def lapsed(self):
+        now = self.clock()
+        if now - self.last >= FROZEN_S:
+            self.after = now + 3 * RENEW_EVERY_S
+        self.last = now
+        return now >= self.after and not self.fresh(self.lease)
 
 
 def hold(args):
-    """Hold the lease until tflab's connection ends (or says stop); `holding` once it is held."""
-    os.makedirs(folder(args.lease), exist_ok=True)
-    path = os.path.join(folder(args.lease), "%d.pid" % os.getpid())
-    with open(path, "w") as handle:
-        handle.write("%d %s\n" % (os.getpid(), registry.start_time(os.getpid())))
+    """Hold LEASE as HOLDER while tflab renews it; `holding` once held. `stop` leaves it; the connection's end
+    does not (tflab attaches again), so an unrenewed holder lapses LEASE_S later."""
+    renew(args.lease, args.holder)
     print("holding", flush=True)
     try:
-        until_stop()
-    finally:
-        registry.unlink(path)
+        for line in sys.stdin:
+            word = line.strip()
+            if word == RENEW:
+                renew(args.lease, args.holder)
+            elif word == STOP:
+                leave(args.lease, args.holder)
+                return 0
+    except (OSError, ValueError):
+        pass
     return 0
 
 
-def until_stop():
-    """Return when tflab's connection (this process's stdin) says `stop` or ends."""
-    try:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                return
-    except (OSError, ValueError):
-        pass
-
-
-def held(args):
+def has_holders(args):
     return 0 if holders(args.lease) else 1

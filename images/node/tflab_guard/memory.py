@@ -1,9 +1,9 @@
 """The node's memory, as its cgroup counts it: did the kernel's out-of-memory killer end a process here?"""
 
 import os
-import sys
 
 from tflab_guard import registry
+from tflab_guard.protocol import Ending
 
 # cgroup v2, then v1 (kernel 4.13 and later count oom_kill there too).
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -24,63 +24,34 @@ def oom_kills():
 
 
 class OomWatch(object):
-    """Counts the node's OOM kills from a program's start: `killed(code)` says whether its end was one.
+    """Counts the node's OOM kills from a program's start: its Ending says whether a SIGKILL was one."""
 
-    The count at the start is kept beside KEY's pid file too, so that the end of a program that
-    took its guard with it (one run in the guard's own interpreter) can still be told (`ended`).
-    """
+    def __init__(self, before=None):
+        self.before = oom_kills() if before is None else before
 
-    def __init__(self, key):
-        self.key = key
-        self.before = oom_kills()
-        if self.before is not None:
-            try:
-                os.makedirs(registry.STATE, exist_ok=True)
-                with open(registry.state_path(key + ".oom"), "w") as handle:
-                    handle.write("%d\n" % self.before)
-            except OSError:
-                pass
-
-    def killed(self, code):
-        if code not in (137, -9) or self.before is None:
-            return False
+    def killed(self):
         now = oom_kills()
-        return now is not None and now > self.before
+        return self.before is not None and now is not None and now > self.before
 
-    def finish(self, code, stream=None):
-        """Record KEY's end (`oom` where the OOM killer ended it, said on `stream` too); the exit code."""
-        oom = self.killed(code)
-        if oom:
-            sentence = ("tflab: the kernel's out-of-memory killer ended this program: it outgrew the node's "
-                        "memory (%s)" % limit_text())
-            try:
-                print(sentence, file=stream or sys.stderr, flush=True)
-            except TypeError:  # a log file opened for bytes
-                stream.write((sentence + "\n").encode())
-            except (OSError, ValueError):
-                pass
-        registry.write_exit(self.key, 137 if oom else code, "oom" if oom else None)
-        registry.unlink(registry.state_path(self.key + ".oom"))
-        return code
+    def ending(self, status, stopped_why=None):
+        """The Ending of a wait status (negative: that signal), with why tflab stopped it, if it did."""
+        return Ending.of_status(status, stopped_by_tflab=stopped_why == "stopped", lapsed=stopped_why == "lease",
+                                oom=status == -9 and self.killed())
+
+
+def oom_sentence():
+    return ("tflab: the kernel's out-of-memory killer ended this program: it outgrew the node's memory (%s)"
+            % limit_text())
 
 
 def ended(args):
-    """Print KEY's end: `CODE [oom]`, or `CODE oom` for a program that took its guard with it, else `unknown`."""
-    status = registry.read_exit(args.key)
-    if status is not None:
-        print("%d%s" % (status[0], " " + status[1] if status[1] else ""))
-        return 0
-    try:
-        with open(registry.state_path(args.key + ".oom")) as handle:
-            before = int(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        before = None
-    now = oom_kills()
-    if before is not None and now is not None and now > before and registry.read_pid(args.key) is None:
-        print("137 oom")
-        return 0
-    print("unknown")
-    return 1
+    """Print KEY's Ending (JSON), or `unknown` (exit 1) while it runs or where nothing is recorded."""
+    ending = registry.read_exit(args.key)
+    if ending is None:
+        print("unknown")
+        return 1
+    print(ending.to_json())
+    return 0
 
 
 def limit_text():

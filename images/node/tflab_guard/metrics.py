@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from tflab_guard import leases
+from tflab_guard import connection
 
 CGROUP = os.environ.get("TFLAB_CGROUP_ROOT", "/sys/fs/cgroup")  # tests point it elsewhere
 UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
@@ -140,7 +140,7 @@ def metrics(args):
     stopped = threading.Event()
 
     def watch():
-        leases.until_stop()
+        connection.until_stop()
         stopped.set()
 
     if not args.count:

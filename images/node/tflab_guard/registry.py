@@ -1,7 +1,11 @@
-"""The pid registry: which process group tflab started under which key, and how it ended.
+"""The registry: which process group tflab started under which key, which guard owns it, and how it ended.
 
-Files live in the state folder (/run/tflab): KEY.pid holds `PGID STARTTIME` (the start
-time tells a live process from a recycled pid), KEY.exit the exit code once it ended.
+Files live in the state folder (/run/tflab): KEY.pid holds `PGID STARTTIME` of the program
+(the start time tells a live process from a recycled pid), KEY.guard the same of the guard
+that owns it, KEY.exit its Ending (protocol.Ending, JSON) once it ended, KEY.stop that
+tflab stopped it, out/KEY.out and out/KEY.err its output (kept in the node, so that a
+broken connection loses none of it). A stop finds processes here, never by a pattern over
+/proc: a guard signals only what it, or another guard of this node, started and recorded.
 Changes that read and then write are made under one lock (registry.lock).
 """
 
@@ -10,6 +14,9 @@ import fcntl
 import fnmatch
 import glob
 import os
+import time
+
+from tflab_guard.protocol import Ending
 
 STATE = os.environ.get("TFLAB_GUARD_STATE", "/run/tflab")  # tests point it elsewhere
 
@@ -67,49 +74,122 @@ def start_time(pid):
         return None
 
 
-def write_pid(key, pgid):
-    os.makedirs(STATE, exist_ok=True)
-    unlink(exit_path(key))
-    tmp = "%s.%d.tmp" % (pid_path(key), os.getpid())
+def _write_atomically(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as handle:
-        handle.write("%d %s\n" % (pgid, start_time(pgid)))
-    os.replace(tmp, pid_path(key))
+        handle.write(text)
+    os.replace(tmp, path)
 
 
-def write_exit(key, code, note=None):
-    """KEY's process ended with `code`; `note` says how where the guard knows (`oom`)."""
+def begin(key):
+    """A new process of KEY is started by this guard: the last one's records go, this guard is recorded."""
+    for path in (exit_path(key), stop_path(key)) + out_paths(key):
+        unlink(path)
+    _write_atomically(guard_path(key), "%d %s\n" % (os.getpid(), start_time(os.getpid())))
+
+
+def write_pid(key, pgid):
+    _write_atomically(pid_path(key), "%d %s\n" % (pgid, start_time(pgid)))
+
+
+def guard_path(key):
+    return state_path(key + ".guard")
+
+
+def stop_path(key):
+    return state_path(key + ".stop")
+
+
+def out_paths(key):
+    """Where KEY's standard output and error are kept in the node."""
+    return (state_path("out", key + ".out"), state_path("out", key + ".err"))
+
+
+def mark_stopped(key, why="stopped"):
+    """tflab stops KEY's process now (`why`: stopped, or lease when tflab's lease lapsed)."""
     try:
-        os.makedirs(STATE, exist_ok=True)
-        with open(exit_path(key), "w") as handle:
-            handle.write("%d%s\n" % (code, " " + note if note else ""))
+        _write_atomically(stop_path(key), why + "\n")
+    except OSError:
+        pass
+
+
+def stopped_why(key):
+    """`stopped` or `lease` when tflab stopped KEY's process, else None."""
+    try:
+        with open(stop_path(key)) as handle:
+            return handle.read().strip() or "stopped"
+    except OSError:
+        return None
+
+
+def write_exit(key, ending):
+    """KEY's process ended so (an Ending); it is no longer a live process of the registry."""
+    try:
+        _write_atomically(exit_path(key), ending.to_json() + "\n")
     except OSError:
         pass
     unlink(pid_path(key))
 
 
 def read_exit(key):
-    """(exit code, note) of KEY's process once it ended, else None."""
+    """KEY's Ending once it ended, else None."""
     try:
         with open(exit_path(key)) as handle:
+            return Ending.from_json(handle.read())
+    except OSError:
+        return None
+
+
+def read_guard(key):
+    """The pid of the live guard that owns KEY's process, or None."""
+    return _live(guard_path(key))
+
+
+def _live(path):
+    """The pid a `PID STARTTIME` record names while that very process lives (not a recycled pid, not a zombie)."""
+    pid = _recorded(path)
+    return None if pid is None or zombie(pid) else pid
+
+
+def _recorded(path):
+    """The pid of a `PID STARTTIME` record while a process of that pid and start time exists, else None."""
+    try:
+        with open(path) as handle:
             fields = handle.read().split()
-        return int(fields[0]), (fields[1] if len(fields) > 1 else None)
+        pid, started = int(fields[0]), fields[1] if len(fields) > 1 else None
     except (OSError, ValueError, IndexError):
         return None
+    now = start_time(pid)
+    if now is None or (started not in (None, "None") and now != started):
+        return None
+    return pid
+
+
+def zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pid_of, timeout):
+    """Wait until `pid_of()` is None (its process is gone); whether it is."""
+    deadline = time.monotonic() + timeout
+    while pid_of() is not None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def read_pid(key_or_path):
     """The live process group of a pid file, or None (a stale file is removed)."""
     path = key_or_path if key_or_path.endswith(".pid") else pid_path(key_or_path)
-    try:
-        with open(path) as handle:
-            fields = handle.read().split()
-        pgid, started = int(fields[0]), fields[1] if len(fields) > 1 else None
-    except (OSError, ValueError, IndexError):
-        return None
-    now = start_time(pgid)
-    if now is None or (started not in (None, "None") and now != started):
+    pgid = _recorded(path)
+    if pgid is None and os.path.exists(path):
         unlink(path)
-        return None
     return pgid
 
 

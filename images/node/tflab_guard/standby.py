@@ -1,5 +1,7 @@
 """The warm standby: one interpreter per node with TensorFlow imported, waiting to become the next program.
 
+Its owner (the process that made it) is its parent: it waits on it and records how the program it
+became ended, exactly as a guard records a cold program's end (protocol.Ending).
 A `run --warm` (or `serve --warm`) claims it over a unix socket, then hands it the program:
 argv, environment, folder, and its own standard input, output and error, passed as file
 descriptors (sendmsg with SCM_RIGHTS: socket.send_fds is Python 3.9+). The standby becomes
@@ -17,7 +19,7 @@ import sys
 import threading
 import time
 
-from tflab_guard import commands, groups, proctitle, registry
+from tflab_guard import commands, groups, memory, proctitle, registry
 
 KEY = "standby"
 HEADER = struct.Struct("!I")
@@ -70,9 +72,41 @@ def recv_fds(sock, max_fds):
 
 
 def standby(args):
+    """Make the standby: a child that imports TensorFlow and waits to become a program, and this process, its
+    owner, which waits on it and records how the program it became ended (the same Ending as a cold one's)."""
     lock = registry.try_lock("standby")
     if lock is None:
         return 0  # this node has one already, or one is being made
+    said, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(said)
+        try:
+            code = interpreter(args, lock, told)
+        except SystemExit as leaving:  # the program it became has ended: exit as it asked
+            raise leaving
+        except BaseException:  # noqa: BLE001 - never back into the owner's code
+            code = 1
+        os._exit(code)
+    os.close(told)
+    lock.close()  # the child holds the lock (the same open file) while it waits
+    proctitle.set_title("tflab-guard standby owner", "tflab-owner")
+    _, status = os.waitpid(pid, 0)
+    os.set_blocking(said, False)
+    try:
+        words = os.read(said, 4096).decode().split()
+    except OSError:
+        words = []
+    if len(words) < 2:
+        return 0  # it became no program (left unused, or its claimant went away)
+    key, before = words[0], None if words[1] == "-" else int(words[1])
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    registry.write_exit(key, memory.OomWatch(before).ending(code, registry.stopped_why(key)))
+    return 0
+
+
+def interpreter(args, lock, told):
+    """The standby itself: TensorFlow imported, waiting on the socket; the program once claimed (no return)."""
     try:
         os.setsid()
     except OSError:
@@ -81,7 +115,7 @@ def standby(args):
     try:
         import tensorflow  # noqa: F401  (the point: paid before anyone waits for it)
     except Exception:  # noqa: BLE001 - no TensorFlow: no standby
-        registry.write_exit(KEY, 1)
+        registry.unlink(registry.pid_path(KEY))
         return 1
     path = socket_path()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -107,6 +141,9 @@ def standby(args):
     if len(fds) != 3:
         return 1
     request = json.loads(message.decode())
+    before = memory.oom_kills()
+    os.write(told, ("%s %s\n" % (request["key"], "-" if before is None else before)).encode())
+    os.close(told)
     become(request, fds, connection)
     return 0  # not reached: become() exits
 
@@ -123,8 +160,8 @@ def become(request, fds, connection):
     argv = request["argv"]
     proctitle.set_title(commands.command_line(argv), os.path.basename(argv[0]))
 
-    def watch_requester():
-        # The guard that handed the program over stands for tflab: if it goes, so does the program.
+    def watch_claimant():
+        # The guard that handed the program over owns its lease: if that guard is gone, so is the program.
         try:
             while connection.recv(1):
                 pass
@@ -132,13 +169,8 @@ def become(request, fds, connection):
             pass
         groups.stop_group(os.getpgrp(), request.get("grace", 3.0))
 
-    threading.Thread(target=watch_requester, daemon=True).start()
-    code = commands.run_program(argv)
-    try:
-        connection.sendall((json.dumps({"exit": code}) + "\n").encode())
-    except OSError:
-        pass
-    sys.exit(code)
+    threading.Thread(target=watch_claimant, daemon=True).start()
+    sys.exit(commands.run_program(argv))
 
 
 def claim(wait_s=60.0):
@@ -163,29 +195,12 @@ def claim(wait_s=60.0):
     return None
 
 
-def run_in_standby(key, argv, env, sock, stdout, stderr, grace, closed):
-    """Hand `argv` to the claimed standby and wait for its end; its exit code (the caller records it)."""
+def hand_over(key, argv, env, sock, stdout, stderr, grace):
+    """Hand `argv` to the claimed standby, on the descriptors given; its pid (its owner records its end)."""
     with open(os.devnull, "rb") as devnull:
-        request = {"argv": argv, "env": env, "cwd": os.getcwd(), "grace": grace}
+        request = {"key": key, "argv": argv, "env": env, "cwd": os.getcwd(), "grace": grace}
         send_fds(sock, json.dumps(request).encode(), [devnull.fileno(), stdout, stderr])
-    replies = sock.makefile("r")
-    first = replies.readline()
+    first = sock.makefile("r").readline()
     if not first:
-        return 137  # it died as it took the program
-    pid = json.loads(first)["pid"]
-    registry.write_pid(key, pid)
-
-    def on_close():
-        closed.wait()
-        groups.stop_group(pid, grace)
-
-    threading.Thread(target=on_close, daemon=True).start()
-    last = replies.readline()
-    code = json.loads(last)["exit"] if last else 137  # no word from it: it was killed
-    # Its end is ours only once it is gone (an interpreter with TensorFlow takes a moment to exit),
-    # with anything it started.
-    deadline = time.monotonic() + grace
-    while groups.group_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    groups.stop_group(pid, grace)
-    return code
+        return None  # it died as it took the program: its owner says how
+    return json.loads(first)["pid"]

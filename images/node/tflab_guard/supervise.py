@@ -1,4 +1,14 @@
-"""Processes attached to tflab (`run`) and servers shared by its execs (`serve`)."""
+"""Processes tflab starts in a node: each the child of the guard that owns it, which learns its end by
+waiting on it (`run`, attached to tflab; `serve`, shared by tflab's execs), and `attach`, which picks a
+process's output up again after a broken connection.
+
+One way to start a program, warm or cold, and one meaning for each ending (protocol.Ending):
+a cold program is the guard's child (subprocess); a warm one is the child of the standby's
+owner (standby.py), which records its end the same way. The program's output goes to files
+in the node (registry.out_paths), followed to tflab's connection from there: a connection
+that breaks loses nothing and stops nothing. What stops a process is tflab (`stop`), a signal
+to its guard, or tflab's lease lapsing (tflab is gone).
+"""
 
 import os
 import signal
@@ -7,112 +17,283 @@ import sys
 import threading
 import time
 
-from tflab_guard import commands, groups, leases, memory, proctitle, registry, standby
+from tflab_guard import commands, groups, leases, memory, registry, standby
+from tflab_guard.connection import Connection
+from tflab_guard.protocol import LEASE_S, LOST, REFUSED, STOP_GRACE_S, STOPPED, Ending
+
+POLL_S = 0.1
+OWNER_GONE_S = 2.0  # a warm program gone with no word from its owner for this long: its end is lost
 
 
-class Connection(threading.Thread):
-    """Reads tflab's connection a line at a time: `go` releases; `stop`, or its end, stops."""
+class Follower(threading.Thread):
+    """Copies a growing file to a stream from an offset; once `done` is set, to the file's end, then stops.
+    A stream that breaks (tflab's connection) only ends the copy: the file keeps the rest."""
 
-    def __init__(self):
-        super().__init__(daemon=True, name="tflab-connection")
-        self.released = threading.Event()
-        self.closed = threading.Event()
+    def __init__(self, path, stream, offset=0):
+        super().__init__(daemon=True, name="follow")
+        self.path = path
+        self.stream = stream
+        self.offset = offset
+        self.done = threading.Event()
+        self.lost = False
 
     def run(self):
+        handle = None
+        idle = 0.01
         try:
-            for line in sys.stdin:
-                word = line.strip()
-                if word == "go":
-                    self.released.set()
-                elif word == "stop":
-                    break
-        except (OSError, ValueError):
-            pass
+            while True:
+                finished = self.done.is_set()
+                if handle is None:
+                    try:
+                        handle = open(self.path, "rb")
+                        handle.seek(self.offset)
+                    except OSError:
+                        if finished:
+                            return
+                        time.sleep(0.05)
+                        continue
+                data = handle.read(65536)
+                if data:
+                    try:
+                        self.stream.write(data)
+                        self.stream.flush()
+                    except (OSError, ValueError):
+                        self.lost = True
+                        return
+                    self.offset += len(data)
+                    idle = 0.01
+                elif finished:
+                    return
+                else:
+                    time.sleep(idle)
+                    idle = min(idle * 2, POLL_S)
         finally:
-            self.closed.set()
-            self.released.set()
+            if handle is not None:
+                handle.close()
 
 
-def refuse(key, refusal, stream=None):
-    """A program that cannot run here: its sentence, and its exit code recorded as a shell's would be."""
+def follow(key, out_offset=0, err_offset=0):
+    out_path, err_path = registry.out_paths(key)
+    followers = [Follower(out_path, sys.stdout.buffer, out_offset), Follower(err_path, sys.stderr.buffer, err_offset)]
+    for follower in followers:
+        follower.start()
+    return followers
+
+
+def finish_following(key, followers):
+    """Copy what is left; the kept output goes once all of it reached tflab (else `attach` reads it)."""
+    for follower in followers:
+        follower.done.set()
+    for follower in followers:
+        follower.join(10)
+    if not any(f.lost or f.is_alive() for f in followers):
+        for path in registry.out_paths(key):
+            registry.unlink(path)
+
+
+def say(sentence):
+    try:
+        sys.stderr.write(sentence + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class Stopper(object):
+    """Stops the program's group once (SIGTERM, SIGKILL after the grace), having marked why."""
+
+    def __init__(self, key, grace):
+        self.key = key
+        self.grace = grace
+        self.why = None
+
+    def __call__(self, pgid, why=STOPPED):
+        if self.why is not None:
+            return
+        self.why = why
+        registry.mark_stopped(self.key, why)
+        if pgid is not None:
+            threading.Thread(target=groups.stop_group, args=(pgid, self.grace), daemon=True).start()
+
+
+def on_signals(handler):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, handler)
+
+
+class Cold(object):
+    """A program as the guard's own child: started now (`preload`: a guard interpreter that imports
+    TensorFlow while held, then runs it) or once released."""
+
+    def __init__(self, plan, env, out, err, preload):
+        self.plan, self.env, self.out, self.err = plan, env, out, err
+        self.child = None
+        self.go = None
+        if preload:
+            read_end, self.go = os.pipe()
+            argv = [sys.executable, sys.argv[0], "program", "--go-fd", str(read_end), "--"] + plan.argv
+            self.child = self._popen(argv, pass_fds=(read_end,))
+            os.close(read_end)
+
+    def _popen(self, argv, pass_fds=()):
+        return subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
+                                start_new_session=True, pass_fds=pass_fds)
+
+    def release(self):
+        if self.go is not None:
+            os.write(self.go, b"g")
+            os.close(self.go)
+            self.go = None
+        elif self.child is None:
+            self.child = self._popen(self.plan.argv)
+        return self.child.pid
+
+    def pgid(self):
+        return None if self.child is None else self.child.pid
+
+    def running(self):
+        return self.child is not None and self.child.poll() is None
+
+    def status(self):
+        code = self.child.wait()
+        if self.plan.kind == "shell" and 128 < code < 128 + 65:
+            return -(code - 128)  # sh reports its command's signal so: the signal it was
+        return code
+
+
+class Warm(object):
+    """A Python program handed to the node's standby (TensorFlow imported already); the standby's owner is
+    its parent and records its end."""
+
+    def __init__(self, key, plan, env, claimed, out, err, grace):
+        self.key, self.plan, self.env, self.claimed = key, plan, env, claimed
+        self.out, self.err, self.grace = out, err, grace
+        self.pid = None
+        self.gone_since = None
+
+    def release(self):
+        self.pid = standby.hand_over(self.key, self.plan.argv, self.env, self.claimed, self.out.fileno(),
+                                     self.err.fileno(), self.grace)
+        return self.pid
+
+    def pgid(self):
+        return self.pid
+
+    def running(self):
+        if registry.read_exit(self.key) is not None:
+            return False
+        if self.pid is not None and groups.group_alive(self.pid):
+            self.gone_since = None
+            return True
+        self.gone_since = self.gone_since or time.monotonic()
+        return time.monotonic() - self.gone_since < OWNER_GONE_S
+
+    def ending(self):
+        return registry.read_exit(self.key) or Ending(255, None, LOST)
+
+
+def refuse(key, refusal, write):
     code, sentence = refusal
-    print(sentence, file=stream or sys.stderr, flush=True)
-    registry.write_exit(key, code)
+    write(sentence)
+    registry.write_exit(key, Ending(code, None, REFUSED))
     return code
 
 
+def _open_outputs(key):
+    paths = registry.out_paths(key)
+    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+    return [open(path, "wb", buffering=0) for path in paths]
+
+
 def run(args):
+    key = args.key
+    registry.begin(key)
     plan = commands.plan_command(args.shell, args.argv)
     env = plan.environment(os.environ)
-    connection = Connection()
+    lease = args.lease or key
+    connection = Connection(lease, key)
     connection.start()
     refusal = commands.missing(plan, env)
     if refusal is not None:
-        return refuse(args.key, refusal)
-    watch = memory.OomWatch(args.key)
+        code = refuse(key, refusal, say)
+        registry.unlink(registry.guard_path(key))
+        return code
+    out, err = _open_outputs(key)
+    followers = follow(key)
+    oom = memory.OomWatch()
+    stopper = Stopper(key, args.grace)
+    program = None
     python_program = commands.can_run_here(plan, env)
     # A line that sets its own variables runs as a new process: a warm interpreter read the old ones.
     if args.warm and python_program and not plan.env:
         claimed = standby.claim()
         if claimed is not None:
-            if args.held:
-                connection.released.wait()
-            if connection.closed.is_set():
-                claimed.close()
-                return 143
-            return watch.finish(standby.run_in_standby(args.key, plan.argv, env, claimed, 1, 2, args.grace,
-                                                       connection.closed))
-    if args.preload and python_program:
-        return run_in_process(args, plan, env, connection, watch)
-    if args.held:
-        connection.released.wait()
-        if connection.closed.is_set():
-            return 143
-    child = subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    registry.write_pid(args.key, child.pid)
+            program = Warm(key, plan, env, claimed, out, err, args.grace)
+    if program is None:
+        program = Cold(plan, env, out, err, preload=args.preload and python_program)
+    if program.pgid() is not None:
+        registry.write_pid(key, program.pgid())
+    signalled = []
+    on_signals(lambda _signum, _frame: signalled.append(True))
+    watch = leases.Watch(lease)
+    released = not args.wait_for_go
+    if args.wait_for_go:
+        while not connection.released.is_set():
+            if signalled or connection.stop_asked.is_set() or watch.lapsed():
+                stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else "lease")
+                break
+            connection.released.wait(POLL_S)
+        released = connection.released.is_set() and stopper.why is None
+    if released:
+        registry.write_pid(key, program.release())
+        while program.running():
+            if signalled or connection.stop_asked.is_set():
+                stopper(program.pgid())
+            elif watch.lapsed():
+                stopper(program.pgid(), "lease")
+            time.sleep(POLL_S)
+    if not released:  # stopped while held: it never ran
+        if program.pgid() is not None:
+            groups.stop_group(program.pgid(), 0, force=True)
+            program.child.wait()
+        ending = Ending(128 + signal.SIGTERM, "SIGTERM", STOPPED if stopper.why == STOPPED else "lease")
+    elif isinstance(program, Warm):
+        ending = program.ending()
+    else:
+        ending = oom.ending(program.status(), registry.stopped_why(key))
+    registry.write_exit(key, ending)
+    for handle in (out, err):
+        handle.close()
+    finish_following(key, followers)
+    if ending.reason == "oom":
+        say(memory.oom_sentence())
+    leases.leave(lease, key)
+    registry.unlink(registry.guard_path(key))
+    return ending.code
 
-    def forward(_signum, _frame):
-        groups.stop_group(child.pid, args.grace)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
-
-    def on_close():
-        connection.closed.wait()
-        groups.stop_group(child.pid, args.grace)
-
-    threading.Thread(target=on_close, daemon=True).start()
-    return watch.finish(groups.exit_code(child.wait()))
-
-
-def run_in_process(args, plan, env, connection, watch):
-    """Import TensorFlow now (with the program's environment), then run the program as __main__ once released."""
-    os.environ.update(plan.env)
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass  # already a group leader (a docker exec process leads its session)
-    pgid = os.getpgrp()
-    registry.write_pid(args.key, pgid)
-
-    def on_close():
-        connection.closed.wait()
-        groups.stop_group(pgid, args.grace)
-
-    threading.Thread(target=on_close, daemon=True).start()
+def program(args):
+    """(internal) The program of a `run --preload`: TensorFlow imported while held, then the program as
+    __main__ once the guard says go (one byte on --go-fd; its end without one: stopped)."""
     try:
         import tensorflow  # noqa: F401  (the point: paid while the servers start)
     except Exception:  # noqa: BLE001 - the program will import it itself and say why
         pass
-    if args.held:
-        connection.released.wait()
-    if connection.closed.is_set():
-        return 143
-    proctitle.set_title(commands.command_line(plan.argv), os.path.basename(plan.argv[0]))
-    return watch.finish(commands.run_program(plan.argv))
+    if args.go_fd is not None:
+        go = os.read(args.go_fd, 1)
+        os.close(args.go_fd)
+        if not go:
+            return 128 + signal.SIGTERM
+    from tflab_guard import proctitle
+
+    proctitle.set_title(commands.command_line(args.argv), os.path.basename(args.argv[0]))
+    return commands.run_program(args.argv)
 
 
 def serve(args):
+    """A server shared by tflab's execs: lives while its lease is held (without one, until `stop`)."""
+    key = args.key
+    registry.begin(key)
     plan = commands.plan_command(args.shell, args.argv)
     env = plan.environment(os.environ)
     if args.log:
@@ -120,38 +301,62 @@ def serve(args):
     log = open(args.log, "ab", buffering=0) if args.log else open(os.devnull, "wb")
     refusal = commands.missing(plan, env)
     if refusal is not None:
-        code, sentence = refusal
-        log.write((sentence + "\n").encode())
-        registry.write_exit(args.key, code)
+        code = refuse(key, refusal, lambda sentence: log.write((sentence + "\n").encode()))
+        registry.unlink(registry.guard_path(key))
         return code
-    watch = memory.OomWatch(args.key)
-    use_standby = args.warm and commands.can_run_here(plan, env) and not plan.env
-    claimed = standby.claim() if use_standby else None
-    closed = threading.Event()
-    if claimed is not None:
-        result = {}
-        program = threading.Thread(target=lambda: result.update(code=standby.run_in_standby(
-            args.key, plan.argv, env, claimed, log.fileno(), log.fileno(), args.grace, closed)), daemon=True)
-        program.start()
-        running = program.is_alive
-    else:
-        child = subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 start_new_session=True)
-        registry.write_pid(args.key, child.pid)
-        running = lambda: child.poll() is None  # noqa: E731
+    oom = memory.OomWatch()
+    stopper = Stopper(key, args.grace)
+    program = None
+    if args.warm and commands.can_run_here(plan, env) and not plan.env:
+        claimed = standby.claim()
+        if claimed is not None:
+            program = Warm(key, plan, env, claimed, log, log, args.grace)
+    if program is None:
+        program = Cold(plan, env, log, log, preload=False)
+    registry.write_pid(key, program.release())
+    signalled = []
+    on_signals(lambda _signum, _frame: signalled.append(True))
     started = time.monotonic()
-    unheld_since = None
-    while running():
-        time.sleep(0.2)
-        if args.lease is None or leases.holders(args.lease):
-            unheld_since = None
-            continue
-        unheld_since = unheld_since or time.monotonic()
-        if time.monotonic() - started > 10 and time.monotonic() - unheld_since > 0.5:
-            closed.set()
-            if claimed is None:
-                groups.stop_group(child.pid, args.grace)
-    if claimed is not None:
-        program.join()
-        return watch.finish(result.get("code", 137), log)
-    return watch.finish(groups.exit_code(child.wait()), log)
+    watch = leases.Watch(args.lease) if args.lease is not None else None
+    while program.running():
+        if signalled:
+            stopper(program.pgid())
+        elif watch is not None and watch.lapsed() and time.monotonic() - started > LEASE_S:
+            stopper(program.pgid(), "lease")
+        time.sleep(POLL_S)
+    ending = program.ending() if isinstance(program, Warm) else oom.ending(program.status(), registry.stopped_why(key))
+    registry.write_exit(key, ending)
+    if ending.reason == "oom":
+        log.write((memory.oom_sentence() + "\n").encode())
+    registry.unlink(registry.guard_path(key))
+    return ending.code
+
+
+def attach(args):
+    """KEY's output again from the offsets tflab had, and its end (as its exit code): what tflab runs when its
+    connection to KEY's guard broke. Renews the lease and passes `stop` on, as that guard did."""
+    key = args.key
+    lease = args.lease or key
+    connection = Connection(lease, key)
+    connection.start()
+    if registry.read_exit(key) is None and registry.read_guard(key) is None and registry.read_pid(key) is None:
+        say("tflab: no process %s in this node" % key)
+        return 255
+    followers = follow(key, args.out, args.err)
+    stopper = Stopper(key, STOP_GRACE_S)
+    lost_since = None
+    while True:
+        ending = registry.read_exit(key)
+        if ending is not None:
+            break
+        if connection.stop_asked.is_set():
+            stopper(registry.read_pid(key))
+        if registry.read_guard(key) is None and registry.read_pid(key) is None:
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > OWNER_GONE_S:
+                ending = Ending(255, None, LOST)
+                break
+        time.sleep(POLL_S)
+    finish_following(key, followers)
+    return ending.code
+

@@ -1,0 +1,238 @@
+"""What tflab (the host) and its guard (in each node) say to each other: one module, imported by both.
+
+Standard library only, Python 3.6 and later (the node side runs on the Python of old
+TensorFlow images). The host builds a guard's command line here (`Call.argv`) and the guard
+parses it here (`parse`); the words on an attached connection, the grace, the lease and the
+record of how a process ended (`Ending`) are defined here and nowhere else.
+
+Keys name what tflab started: `run:TASK:NODE` for `tflab run`, `exec:TASK:NODE:ID` for the
+process of one `tflab exec`, `serve:TASK:NODE` for servers shared by `tflab exec`s. Task
+names are words of `[A-Za-z0-9_.-]`, so keys are safe in paths, and `:` (in no task or node
+name) keeps `run:train:*` from matching the keys of `train.v2`.
+"""
+
+import argparse
+import json
+import os
+import signal
+
+VERSION = 2  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
+GUARD_PATH = "/usr/local/share/tflab/guard.pyz"
+GUARD = ["python3", GUARD_PATH]
+PROG = "tflab-guard"
+
+# The words on an attached connection (the guard's standard input), one a line.
+GO = "go"          # release a held process
+STOP = "stop"      # stop the process (its group: SIGTERM, then SIGKILL after the grace)
+RENEW = "renew"    # tflab is still there: the lease is renewed
+
+STOP_GRACE_S = 3.0   # between SIGTERM and SIGKILL, for servers and workers alike
+RENEW_EVERY_S = 1.0  # how often tflab renews a lease
+# A lease not renewed for this long has lapsed: tflab is gone, its processes are stopped (the guard's own
+# tests shorten it with TFLAB_GUARD_LEASE_S).
+LEASE_S = float(os.environ.get("TFLAB_GUARD_LEASE_S") or 10.0)
+# So every process of a run ends within LEASE_S + STOP_GRACE_S (+ a check's second) of tflab's death.
+
+# How a process ended (Ending.reason).
+EXITED = "exited"        # it exited by itself with a code
+REFUSED = "refused"      # it could not be run (no such program: 127, not executable: 126)
+STOPPED = "stopped"      # tflab stopped it (a `stop`, or the end of a run)
+LAPSED = "lease"         # tflab was gone (its lease lapsed): the guard stopped it
+OOM = "oom"              # the kernel's out-of-memory killer (the node's cgroup counted it)
+CRASHED = "crashed"      # a signal of its own doing: SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL
+OUTSIDE = "outside"      # a signal tflab did not send
+LOST = "lost"            # the guard that owned it is gone too: how it ended cannot be known
+CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
+
+
+def signal_name(number):
+    """SIGTERM for 15; None for what is no signal."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+class Ending(object):
+    """How a process ended, as its owner learnt it by waiting on it: an exit code, or a signal by name,
+    and why (one of the reasons above). The model: Kubernetes' ContainerStateTerminated."""
+
+    def __init__(self, code, signal=None, reason=EXITED):
+        self.code = code        # the shell's number: the exit code, or 128 + the signal's
+        self.signal = signal    # "SIGTERM", or None when it exited
+        self.reason = reason
+
+    @classmethod
+    def of_status(cls, status, stopped_by_tflab=False, lapsed=False, oom=False):
+        """The ending of a wait status as subprocess reports it (negative: killed by that signal)."""
+        if status >= 0:
+            return cls(status)
+        name = signal_name(-status) or "signal %d" % -status
+        if oom and name == "SIGKILL":
+            reason = OOM
+        elif lapsed:
+            reason = LAPSED
+        elif stopped_by_tflab:
+            reason = STOPPED
+        elif name in CRASH_SIGNALS:
+            reason = CRASHED
+        else:
+            reason = OUTSIDE
+        return cls(128 - status, name, reason)
+
+    def as_dict(self):
+        return {"exit_code": self.code, "signal": self.signal, "reason": self.reason}
+
+    def to_json(self):
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        """The ending written by `to_json`, or None for anything else."""
+        try:
+            data = json.loads(text)
+            code = data["exit_code"]
+            if code is not None and not isinstance(code, int):
+                return None
+            return cls(code, data.get("signal"), data.get("reason") or EXITED)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def sentence(self):
+        """What a user reads: 'exited with 3', 'killed by SIGKILL from outside tflab', ..."""
+        if self.reason == OOM:
+            return "killed by the kernel's out-of-memory killer (SIGKILL)"
+        if self.reason == LOST:
+            return "its guard is gone too: how it ended is unknown"
+        if self.signal is None:
+            if self.reason == REFUSED:
+                return "could not be started (exit %d)" % self.code
+            return "exited with %d" % self.code
+        how = {STOPPED: "stopped by tflab with %s", LAPSED: "stopped with %s when tflab's lease lapsed: tflab was gone",
+               CRASHED: "crashed with %s", OUTSIDE: "killed by %s from outside tflab"}.get(self.reason, "killed by %s")
+        return how % self.signal
+
+    def __eq__(self, other):
+        return isinstance(other, Ending) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        return "Ending(%r, %r, %r)" % (self.code, self.signal, self.reason)
+
+
+def run_key(task, node):
+    """The key of a node's process in `tflab run TASK`."""
+    return "run:%s:%s" % (task, node)
+
+
+def exec_key(task, node, owner):
+    """The key of the process one `tflab exec NODE TASK` runs."""
+    return "exec:%s:%s:%s" % (task, node, owner)
+
+
+def serve_key(task, node):
+    """The key of a server that `tflab exec`s of TASK share."""
+    return "serve:%s:%s" % (task, node)
+
+
+def exec_lease(task):
+    """The lease the `tflab exec`s of TASK hold on the servers they share."""
+    return "exec:%s" % task
+
+
+class Call(object):
+    """One guard verb with its options: built on the host (`argv`), parsed in the node (`parse`)."""
+
+    def __init__(self, verb, *words, **options):
+        self.verb = verb
+        self.words = list(words)
+        self.options = options
+        self.command = options.pop("argv", None)  # words, run as they are
+        self.shell = options.pop("shell", None)   # a shell line
+
+    def argv(self):
+        line = list(GUARD) + [self.verb] + [str(w) for w in self.words]
+        for name in sorted(self.options):
+            value = self.options[name]
+            flag = "--" + name.replace("_", "-")
+            if value is True:
+                line.append(flag)
+            elif value not in (None, False):
+                line += [flag, "%g" % value if isinstance(value, float) else str(value)]
+        if self.shell is not None:
+            line += ["--shell", self.shell]
+        if self.command is not None:
+            line += ["--"] + list(self.command)
+        return line
+
+
+def _command(parser):
+    parser.add_argument("--shell", help="a command line (run by sh when it needs a shell)")
+
+
+def _owned(parser):
+    parser.add_argument("key")
+    parser.add_argument("--grace", type=float, default=STOP_GRACE_S)
+    parser.add_argument("--lease", help="stop the process when this lease lapses (tflab is gone)")
+    parser.add_argument("--warm", action="store_true", help="hand a Python program to this node's standby")
+    _command(parser)
+
+
+def parser():
+    top = argparse.ArgumentParser(prog=PROG, description="tflab's guard: starts, owns and stops processes in a node")
+    verbs = top.add_subparsers(dest="verb")
+    verbs.required = True  # (the keyword argument is Python 3.7+)
+    p = verbs.add_parser("run", help="a process attached to tflab")
+    _owned(p)
+    p.add_argument("--wait-for-go", action="store_true", help="start it once tflab says go")
+    p.add_argument("--preload", action="store_true")
+    p = verbs.add_parser("serve", help="a server shared by tflab's execs")
+    _owned(p)
+    p.add_argument("--log")
+    p = verbs.add_parser("attach", help="a process's output again, from an offset, and its end")
+    p.add_argument("key")
+    p.add_argument("--out", type=int, default=0)
+    p.add_argument("--err", type=int, default=0)
+    p.add_argument("--lease")
+    p = verbs.add_parser("hold", help="hold a lease while tflab renews it")
+    p.add_argument("lease")
+    p.add_argument("holder")
+    p = verbs.add_parser("holders", help="exit 0 while someone holds the lease")
+    p.add_argument("lease")
+    p = verbs.add_parser("standby")
+    p.add_argument("--idle", type=float, default=1800.0, help="leave after this many seconds unused")
+    verbs.add_parser("warm")
+    verbs.add_parser("version")
+    p = verbs.add_parser("probe")
+    p.add_argument("address")
+    p.add_argument("--key")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p = verbs.add_parser("alive")
+    p.add_argument("key")
+    p = verbs.add_parser("ended")
+    p.add_argument("key")
+    p = verbs.add_parser("metrics")
+    p.add_argument("--every", type=float, default=1.0, help="seconds between two samples")
+    p.add_argument("--count", type=int, default=0, help="stop after this many (default: until tflab goes)")
+    p = verbs.add_parser("stop")
+    p.add_argument("patterns", nargs="+")
+    p.add_argument("--grace", type=float, default=STOP_GRACE_S)
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--protocol", type=int, default=VERSION, help="the protocol tflab speaks (an older guard refuses)")
+    p.add_argument("--forget", action="store_true", help="and forget how they ended (before a new run of them)")
+    p = verbs.add_parser("program", help="(internal) a program the guard starts: TensorFlow imported first")
+    p.add_argument("--go-fd", type=int)
+    return top
+
+
+def parse(words):
+    """The guard's arguments: everything after the first `--` is the command, untouched."""
+    words = list(words)
+    split = words.index("--") if "--" in words else len(words)
+    args = parser().parse_args(words[:split])
+    args.argv = words[split + 1:]
+    return args
+
+
+def is_old_guard(code, output):
+    """Whether a guard's answer is an older guard's refusal of a verb or option it does not know."""
+    return code == 2 and ("usage: %s" % PROG) in output

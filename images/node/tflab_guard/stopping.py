@@ -1,0 +1,54 @@
+"""`stop`: the processes tflab started under matching keys, and the guards that own them, gone.
+
+Found in the registry's records (pid and start time, written by the guard that started
+each), never by a pattern over /proc: a stop of `run:train:*` reaches only what this node's
+guards started under such keys, never another lab's processes, nor a process that merely
+looks like a guard.
+"""
+
+import os
+import signal
+import threading
+
+from tflab_guard import groups, registry
+
+
+def stop(args):
+    with registry.locked():
+        keys = sorted({key for key, _ in registry.matching(args.patterns)}
+                      | {key for key, _ in registry.matching(args.patterns, suffix=".guard")})
+        targets = [(key, registry.read_pid(key)) for key in keys]
+    for key, pgid in targets:
+        registry.mark_stopped(key)
+        guard = registry.read_guard(key)
+        if pgid is None and guard is not None:  # held, its program not started: its guard says how it ended
+            try:
+                os.kill(guard, signal.SIGTERM)
+            except OSError:
+                pass
+    threads = [threading.Thread(target=groups.stop_group, args=(pgid, args.grace, args.force))
+               for _, pgid in targets if pgid is not None]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Stopped means gone: the guards that own those processes too (they end once their program
+    # has, having written how it ended); one that lingers past the grace is killed.
+    for key, _ in targets:
+        if not registry.wait_gone(lambda: registry.read_guard(key), 1 if args.force else args.grace + 1):
+            pid = registry.read_guard(key)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                registry.wait_gone(lambda: registry.read_guard(key), 2)
+        registry.unlink(registry.guard_path(key))
+    if args.forget:
+        # A new run of these keys starts now: an earlier ending must not answer for it (a probe would take
+        # the new server for one that ended before serving).
+        with registry.locked():
+            for key, _ in registry.matching(args.patterns, suffix=".exit"):
+                for path in (registry.exit_path(key), registry.stop_path(key)) + registry.out_paths(key):
+                    registry.unlink(path)
+    return 0
