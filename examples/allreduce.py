@@ -89,7 +89,10 @@ def main() -> None:
             manager.save(checkpoint_number=step)  # every worker saves: the chief's copy is the backup
         if step % 25 == 0 or step == first:
             rate = (step - first + 1) / (time.time() - started)
-            print(f"{me}: step {step} loss {loss:.6f} ({rate:.1f} steps/s)", flush=True)
+            # The chief measures the model on the test set as it goes: tflab reads a run's time to an accuracy.
+            quality = (f" accuracy {model.accuracy(data['x_test'], data['y_test']):.4f}"
+                       if resolver.task_id == 0 and step % 100 == 0 else "")
+            print(f"{me}: step {step} loss {loss:.6f}{quality} ({rate:.1f} steps/s)", flush=True)
             with writer.as_default():
                 tf.summary.scalar("loss", loss, step=step)
     if writer_dir != backup:

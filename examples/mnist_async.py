@@ -117,7 +117,10 @@ def main() -> None:
                 print(f"{name}: first step done (global step {step})", flush=True)
             if local_steps % 100 == 0:
                 rate = local_steps / (time.time() - started)
-                print(f"{name}: global step {step} loss {batch_loss:.4f} ({rate:.1f} steps/s here)", flush=True)
+                # The chief measures the model on the test set as it goes: tflab reads a run's time to an accuracy.
+                quality = (f" accuracy {session.run(accuracy, {x: data['x_test'], y: data['y_test']}):.4f}"
+                           if is_chief and not session.should_stop() else "")
+                print(f"{name}: global step {step} loss {batch_loss:.4f}{quality} ({rate:.1f} steps/s here)", flush=True)
     print(f"{name}: done after {local_steps} local steps (global step {step})", flush=True)
 
     if is_chief:

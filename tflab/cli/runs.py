@@ -152,6 +152,9 @@ def show_verdict(out: Console, lf: LabFiles, report: RunReport, folder: Path) ->
         out.print(f"knobs: {knob_rules.describe(report.knobs)}", soft_wrap=True)
     if report.faults:
         out.print(views.drill_table(report.faults))
+    if report.quality:
+        out.print(f"quality: {views.quality_text(report)} (as the chief last printed it; run.json keeps the series)",
+                  soft_wrap=True)
     if report.problem:
         out.print(Text(f"tflab: {report.problem}", style="bold red"), soft_wrap=True)
     if report.note:

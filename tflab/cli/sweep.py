@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from tflab.engine import guardcmd
 from tflab.errors import UserError
 from tflab.host.labfiles import LabFiles
 from tflab.host.signals import stop_signals
+from tflab.plan import quality
 from tflab.run import history, sweep, sweep_report
 from tflab.run.costmodel import ALLREDUCE, PS
 from tflab.run.request import RunRequest, execute_run, prepare_run
@@ -30,6 +32,8 @@ def sweep_cmd(
     repeats: Annotated[int, typer.Option(help="Runs of each point.")] = 1,
     name: Annotated[str | None, typer.Option(help="The sweep's name (its folder under runs/sweeps/).")] = None,
     predict: Annotated[list[str] | None, typer.Option("--predict", help="workers=8,16: throughput the cost model predicts beyond the grid.")] = None,
+    holdout: Annotated[list[str] | None, typer.Option("--holdout", help="workers=2: run those points but fit the model without them; the report says its error there (with --resume, `none` fits every point again).")] = None,
+    target: Annotated[str | None, typer.Option(help="METRIC=VALUE (accuracy=0.95, loss=0.1): each point's time to reach it, as the chief printed it.")] = None,
     resume: Annotated[str | None, typer.Option(help="Run the missing points of the sweep NAME.")] = None,
     grace: Annotated[float, typer.Option(help="Each run's grace for a silent worker after the chief finished.")] = 30.0,
     timeout: Annotated[float | None, typer.Option(help="Seconds each run may take.")] = None,
@@ -40,14 +44,24 @@ def sweep_cmd(
     lf = open_lab(lab)
     check_via(via)
     if resume is not None:
-        if task is not None or vary or predict or name:
+        if task is not None or vary or predict or name or target:
             raise UserError("--resume NAME runs a sweep's missing points as it was made: give no task, --vary, "
-                            "--predict or --name with it")
+                            "--predict, --target or --name with it (--holdout looks at it again: its model fitted "
+                            "without those points)")
         spec = sweep.load_spec(lf.runs_dir, resume)
+        if holdout:
+            spec = replace(spec, holdout={} if holdout == ["none"] else sweep.parse_predict(holdout, spec.axes,
+                                                                                            "--holdout"))
+            sweep.save_spec(sweep.folder_of(lf.runs_dir, spec.name), spec)
     else:
         axes = sweep.parse_vary(vary or ())
+        try:
+            goal = quality.parse_target(target) if target is not None else None
+        except ValueError as exc:
+            raise UserError(f"--target {exc}") from None
         spec = sweep.SweepSpec(name or sweep.default_name(task), task, axes, repeats,
-                               sweep.parse_predict(predict or (), axes))
+                               sweep.parse_predict(predict or (), axes), goal,
+                               sweep.parse_predict(holdout or (), axes, "--holdout"))
         if sweep.folder_of(lf.runs_dir, spec.name).exists():
             raise UserError(f"a sweep {spec.name!r} exists already; `tflab sweep --resume {spec.name}` runs its "
                             "missing points, or give another --name")
@@ -105,17 +119,19 @@ def sweep_cmd(
                 break  # what the Ctrl-C cut short is no result: --resume runs it again
             kept = _keep_run(lf, folder, point, session.folder)
             rows = [r for r in rows if r["point"] != point.key]
-            rows.append(sweep.row(spec, point, report, kept, sweep.batch_of(definition.batch, knobs, lf.lab), nodes))
+            rows.append(sweep.row(spec, point, report, kept, sweep.batch_of(definition.batch, knobs, lf.lab), nodes,
+                                  sweep.cpu_shares(lf.lab, knobs, len(lf.config.host.cpus))))
             sweep.save_rows(folder, spec, rows, nodes)
             bar.update(progress_id, advance=1)
-            out.print(_point_line(point, total, report), soft_wrap=True)
+            out.print(_point_line(point, total, report, spec.target), soft_wrap=True)
     found = _write_findings(lf, folder, spec, rows)
     left = sweep.missing(spec, rows)
     out.print(_table(spec, rows))
     for group in found["predicted"]:
         fitted = group["fit"]
         error = f"{fitted.error:.0%}" if fitted.error is not None else "not measurable"
-        shown = ", ".join(f"{n} workers at {link}: {v:.4g} {group['unit']}" for n, link, v in group["predicted"])
+        shown = ", ".join(f"{p['design']}: {p['value']:.4g} {group['unit']} ({p['dominant']})"
+                          for p in group["predicted"])
         if shown:
             out.print(f"predicted by the cost model ({fitted.strategy}; {group['group']}): {shown}; its "
                       f"leave-one-out error on the measured points: {error}", soft_wrap=True)
@@ -143,13 +159,20 @@ def _keep_run(lf: LabFiles, folder: Path, point: sweep.Point, run_folder: Path) 
     return str(target.relative_to(folder))
 
 
-def _point_line(point: sweep.Point, total: int, report: RunReport) -> Text:
+def _point_line(point: sweep.Point, total: int, report: RunReport, spec_target: tuple[str, float] | None) -> Text:
     rate = report.steady_steps_per_s or report.steps_per_s
     limit = (report.limit or {}).get("kind")
     verdict = report.verdict or "-"
     text = Text(f"point {point.number}/{total} ({point.describe()}, repeat {point.repeat}): ")
     text.append(verdict, style=views.VERDICT_COLOURS.get(verdict, "yellow"))
     text.append(f", {rate:.2f} steps/s" if rate else ", no steps seen")
+    for metric, value in (report.quality or {}).items():
+        text.append(f", {metric} {value:.4g}")
+    if spec_target is not None:
+        metric, goal = spec_target
+        reached = quality.time_to((report.quality_series or {}).get(metric) or [], metric, goal)
+        text.append(f", {metric} {goal:g} after {reached:.1f}s" if reached is not None
+                    else f", never reached {metric} {goal:g}")
     if limit:
         text.append(f", limited by {limit}")
     return text
@@ -158,12 +181,17 @@ def _point_line(point: sweep.Point, total: int, report: RunReport) -> Text:
 def _table(spec: sweep.SweepSpec, rows: list[dict]) -> Table:
     table = Table(title=f"sweep {spec.name}")
     axes = [a.name for a in spec.axes]
-    for column in (*axes, "repeat", "verdict", "steps/s", "examples/s", "limit"):
+    metrics = [m for m in sweep.QUALITY_COLUMNS if any(r.get(m) is not None for r in rows)]
+    target = ([f"{spec.target[0]} {spec.target[1]:g} after"] if spec.target else [])
+    for column in (*axes, "repeat", "verdict", "steps/s", "examples/s", *metrics, *target, "limit"):
         table.add_column(column)
     for r in rows:
+        reached = ([("never" if r.get(sweep.TARGET_COLUMN) is None else f"{r[sweep.TARGET_COLUMN]:.1f}s")]
+                   if spec.target else [])
         table.add_row(*(str(r.get(a)) for a in axes), str(r.get("repeat")), str(r.get("verdict")),
                       f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
                       f"{r['examples_per_s']:.0f}" if r.get("examples_per_s") else "-",
+                      *(f"{r[m]:.4g}" if r.get(m) is not None else "-" for m in metrics), *reached,
                       str(r.get("limit") or "-").split(":", 1)[0])
     return table
 

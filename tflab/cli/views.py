@@ -146,6 +146,8 @@ def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
         verdict = row.verdict or "-"
         code = row.exit_code
         shown_code = "-" if code is None or verdict in ("served", "stopped", "interrupted") else str(code)
+        if row.signal:  # how it ended, as its guard saw it: 139 SIGSEGV, or SIGTERM for a stopped ps
+            shown_code = row.signal if shown_code == "-" else f"{shown_code} {row.signal}"
         attempt = row.attempt or 1
         rate = row.steps_per_s
         table.add_row(
@@ -181,6 +183,34 @@ def drill_table(rows: Sequence[Mapping]) -> Table:
     return table
 
 
+def quality_text(report: RunReport, first: bool = False) -> str:
+    """'accuracy 0.9722, loss 0.0011': the run's quality as its chief last printed it (`first`: accuracy alone, or
+    the first metric, where a table is narrow)."""
+    found = dict(report.quality or {})
+    if first and found:
+        name = "accuracy" if "accuracy" in found else next(iter(found))
+        found = {name: found[name]}
+    return ", ".join(f"{name} {value:.4g}" for name, value in found.items())
+
+
+def result_text(report: RunReport) -> str:
+    """The chief's last line, and its quality where that line does not say it already (`[accuracy 0.97]`)."""
+    result = (report.result or "-")[:70]
+    quality = quality_text(report, first=True)
+    if quality and quality.split()[0] not in result:
+        result = f"{result} [{quality}]" if report.result else f"[{quality}]"
+    return result
+
+
+def ending_text(report: RunReport) -> str:
+    """' (worker1 SIGKILL from outside tflab)': the signal that ended the node that failed a run, as its guard saw it."""
+    said = []
+    for name, row in report.nodes.items():
+        if row.verdict in ("failed", "oom") and row.signal:
+            said.append(f"{name} {row.signal}" + (" from outside tflab" if row.reason == "outside" else ""))
+    return f" ({', '.join(said)})" if said else ""
+
+
 def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
     """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s, what limited it."""
     import time
@@ -207,8 +237,8 @@ def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
             history.stamp(started) if started else "-",
             _seconds(duration),
             *([knobs_text(report.knobs) or "-"] if with_knobs else []),
-            Text(verdict, style=VERDICT_COLOURS.get(verdict, "yellow")),
-            (report.result or "-")[:70],
+            Text(verdict + ending_text(report), style=VERDICT_COLOURS.get(verdict, "yellow")),
+            result_text(report),
             f"{rate:.1f}" if rate else "-",
             str((report.limit or {}).get("kind") or "-"),
         )

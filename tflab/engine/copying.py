@@ -15,7 +15,6 @@ from tflab.engine.builds import Progress
 from tflab.engine.containers import copy_into
 from tflab.errors import UserError
 from tflab.host import filetree
-from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
 
 STATE_FILE = ".tflab-state.json"  # in the lab: what each node (by container id) holds
@@ -129,12 +128,3 @@ class Copier:
         order = [sync.kind for sync in self.manifests]
         return [f"{kind}→{name}" for kind in order for name, kinds in self.copied.items() if kind in kinds]
 
-
-def copy_changed(lf: LabFiles, targets: dict[str, CopyTarget], progress: Progress) -> list[str]:
-    """Copy into every node what changed since its last copy, all nodes at once."""
-    copier = Copier(lf, progress)
-    try:
-        parallel(lambda name: copier.copy(name, targets[name]), list(targets), name="copy")
-    finally:
-        copied = copier.finish()
-    return copied

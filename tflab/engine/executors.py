@@ -1,19 +1,14 @@
 """How tflab runs processes in nodes: through `docker exec` (the SDK) or over SSH.
 
-An attached process keeps tflab's connection as its standard input, and the in-node guard
-reads it a line at a time: `go` releases a held process, `stop` stops it (its whole group:
-TERM, then KILL), and the end of the connection stops it too, which is what happens when
-tflab dies (the engine or sshd closes it then). Its output is handed to `on_output` as it
-comes; `on_exit` is called exactly once, from a `finally`, whatever happens to the stream.
+What a process attached to tflab is, whatever carries it (its words, its lease, reading it to
+its end and attaching again after a break), is engine/attached.py; here are the two transports.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,15 +19,11 @@ import docker.errors
 from docker.models.containers import Container
 from docker.utils.socket import frames_iter
 
+from tflab.engine.attached import Attached, GuardedProcess, OnExit, OnOutput, Resume
 from tflab.errors import EngineError, UserError
 from tflab.host import proc
 from tflab.host.fanout import background
 
-log = logging.getLogger("tflab.executor")
-OnOutput = Callable[[bytes, bool], None]  # (chunk, is_stderr)
-OnExit = Callable[[int | None, str | None], None]  # (exit code or None, why it is unknown)
-GO = b"go\n"
-STOP = b"stop\n"
 SSH_OPTIONS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
                "-o", "IdentitiesOnly=yes")
 # For commands tflab runs itself: never a prompt, and a dead peer noticed within seconds.
@@ -51,25 +42,14 @@ def ssh_argv(target: tuple[str, int], key: Path | str, options: Sequence[str], r
     return ["ssh", "-i", str(key), "-p", str(port), *options, *SSH_OPTIONS, f"root@{host}", *([line] if line else [])]
 
 
-class Attached(Protocol):
-    """A process started in a node, attached to tflab."""
-
-    def release(self) -> None:
-        """Let a held process go on (the servers it needs serve now)."""
-
-    def close(self) -> None:
-        """Ask the guard to stop the process's group (TERM, then KILL)."""
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until its output has ended; whether it has."""
-
-
 class Executor(Protocol):
     """Runs commands in the lab's nodes."""
 
     def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
-              env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
-        """Start `argv` attached to tflab."""
+              env: Mapping[str, str] | None = None, workdir: str = "/workspace", renew: bool = False,
+              resume: Resume | None = None) -> Attached:
+        """Start `argv` attached to tflab; `renew` says `renew` every second (its lease), `resume` attaches
+        again where the connection breaks while it runs."""
 
     def run(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
             workdir: str = "/") -> tuple[int, str]:
@@ -78,27 +58,6 @@ class Executor(Protocol):
     def spawn(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
               workdir: str = "/") -> None:
         """Start `argv` and leave it running in the node, detached from tflab."""
-
-
-def _safe(on_output: OnOutput) -> OnOutput:
-    """`on_output` that never breaks the reading loop: the process is read to its end whatever its reader does.
-
-    The readers handle their own failures (a closed stdout ends the command: cli.common.StreamOut;
-    a run's sink stops the run); anything else they raise is logged (`tflab -v`) and they are not
-    called again, rather than kept in a list nobody reads.
-    """
-    failed: list[bool] = []
-
-    def call(chunk: bytes, is_err: bool) -> None:
-        if failed:
-            return
-        try:
-            on_output(chunk, is_err)
-        except Exception:  # noqa: BLE001 - the reader's own failure; the process is still read
-            failed.append(True)
-            log.debug("a process's output reader failed; its further output is dropped", exc_info=True)
-
-    return call
 
 
 def writable(connection: Any) -> Any:
@@ -112,84 +71,21 @@ def writable(connection: Any) -> Any:
     return socket.socket(fileno=os.dup(connection.fileno()))
 
 
-class _GuardedProcess:
-    """A process in a node whose guard reads tflab's connection: `go` releases it, `stop` stops it.
-
-    `pump` reads its output to the end, then learns how it ended and calls `on_exit` once, from a
-    `finally`. The two kinds differ in how they write to the guard (`_write`), read the output
-    (`_stream`), learn the exit (`_exit_status`) and close the connection (`_close_ends`).
-    """
-
-    def __init__(self) -> None:
-        self.ended = threading.Event()
-        self.closing = False
-        self._lock = threading.Lock()
-
-    def _say(self, line: bytes, last: bool = False) -> None:
-        with self._lock:
-            if self.ended.is_set():
-                return
-            try:
-                self._write(line, last)
-            except (OSError, ValueError):
-                pass  # the process or its node is gone: nothing to tell
-
-    def release(self) -> None:
-        self._say(GO)
-
-    def close(self) -> None:
-        self.closing = True
-        self._say(STOP, last=True)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.ended.wait(timeout)
-
-    def pump(self, on_output: OnOutput, on_exit: OnExit) -> None:
-        lost: str | None = None
-        code: int | None = None
-        reason: str | None = None
-        try:
-            self._stream(_safe(on_output))
-        except Exception as exc:  # noqa: BLE001 - any break of the stream ends this process for us
-            lost = f"lost the connection to it ({type(exc).__name__}: {exc})"
-        finally:
-            reason = lost
-            try:
-                code, why = self._exit_status(stream_lost=lost is not None)
-                reason = why or reason
-            except Exception as exc:  # noqa: BLE001
-                reason = reason or f"cannot learn how it ended ({exc})"
-            with self._lock:
-                try:
-                    self._close_ends()
-                except Exception:  # noqa: BLE001
-                    pass
-                self.ended.set()
-            on_exit(code, reason)
-
-    def _write(self, line: bytes, last: bool) -> None:
-        raise NotImplementedError
-
-    def _stream(self, emit: OnOutput) -> None:
-        raise NotImplementedError
-
-    def _exit_status(self, stream_lost: bool) -> tuple[int | None, str | None]:
-        raise NotImplementedError
-
-    def _close_ends(self) -> None:
-        raise NotImplementedError
-
-
-class _DockerProcess(_GuardedProcess):
+class _DockerProcess(GuardedProcess):
     """A `docker exec` through the SDK: the guard's input and the output are one socket."""
 
-    def __init__(self, api: docker.APIClient, exec_id: str, connection: Any, container: Container) -> None:
-        super().__init__()
+    def __init__(self, api: docker.APIClient, exec_id: str, connection: Any, container: Container,
+                 renew: bool = False, resume: Resume | None = None) -> None:
+        super().__init__(renew, resume)
         self.api = api
         self.exec_id = exec_id
         self.connection = connection
         self.writer = writable(connection)
         self.container = container
+
+    def _restart(self, argv: Sequence[str]) -> None:
+        self.exec_id, self.connection = open_exec(self.api, self.container, argv, {}, "/")
+        self.writer = writable(self.connection)
 
     def _write(self, line: bytes, last: bool) -> None:
         self.writer.sendall(line)
@@ -257,16 +153,15 @@ class DockerExecutor:
         return self.containers[node]
 
     def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
-              env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
+              env: Mapping[str, str] | None = None, workdir: str = "/workspace", renew: bool = False,
+              resume: Resume | None = None) -> Attached:
         container = self.container(node)
         api = self.client.api
         try:
-            exec_id = api.exec_create(container.id, list(argv), stdin=True, stdout=True, stderr=True,
-                                      tty=False, environment=dict(env or {}), workdir=workdir)["Id"]
-            connection = api.exec_start(exec_id, socket=True)
+            exec_id, connection = open_exec(api, container, argv, env, workdir)
         except docker.errors.APIError as exc:
             raise EngineError(f"starting a process in {node} failed: {exc.explanation or exc}") from exc
-        process = _DockerProcess(api, exec_id, connection, container)
+        process = _DockerProcess(api, exec_id, connection, container, renew, resume)
         background(process.pump, on_output, on_exit, name=f"output-{node}")
         return process
 
@@ -283,6 +178,14 @@ class DockerExecutor:
             self.client.api.exec_start(exec_id, detach=True)
         except docker.errors.APIError as exc:
             raise EngineError(f"starting {argv[0]} in {node} failed: {exc.explanation or exc}") from exc
+
+
+def open_exec(api: docker.APIClient, container: Container, argv: Sequence[str], env: Mapping[str, str] | None,
+              workdir: str) -> tuple[str, Any]:
+    """A `docker exec` of `argv` with its standard input, output and error as one socket."""
+    exec_id = api.exec_create(container.id, list(argv), stdin=True, stdout=True, stderr=True,
+                              tty=False, environment=dict(env or {}), workdir=workdir)["Id"]
+    return exec_id, api.exec_start(exec_id, socket=True)
 
 
 def exec_quiet(client: docker.DockerClient, container: Container, argv: Sequence[str],
@@ -302,13 +205,20 @@ def exec_quiet(client: docker.DockerClient, container: Container, argv: Sequence
     return int(code), text
 
 
-class _SshProcess(_GuardedProcess):
+class _SshProcess(GuardedProcess):
     """An ssh client: the guard's input is its stdin, the output its stdout and stderr."""
 
-    def __init__(self, child: Any) -> None:
-        super().__init__()
+    def __init__(self, child: Any, start_child: Callable[[Sequence[str]], Any] | None = None,
+                 renew: bool = False, resume: Resume | None = None) -> None:
+        super().__init__(renew, resume)
         self.child = child
+        self.start_child = start_child
         self.tail: list[bytes] = []  # stderr's last chunks: ssh's own complaint, when it fails
+
+    def _restart(self, argv: Sequence[str]) -> None:
+        assert self.start_child is not None
+        self.tail = []
+        self.child = self.start_child(argv)
 
     def _write(self, line: bytes, last: bool) -> None:
         stdin: IO[bytes] | None = self.child.stdin
@@ -339,7 +249,8 @@ class _SshProcess(_GuardedProcess):
         return code, None
 
     def _close_ends(self) -> None:
-        pass  # the pipes close with the child
+        if self.child.poll() is None and self.resumed and not self.ended.is_set():
+            self.child.kill()  # a client whose connection broke: the next one attaches instead
 
 
 class SshExecutor:
@@ -367,11 +278,14 @@ class SshExecutor:
         return f"cd {shlex.quote(workdir)} && exec env {shlex.join([*assigned, *argv])}"
 
     def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
-              env: Mapping[str, str] | None = None, workdir: str = "/workspace") -> Attached:
-        command = self.ssh_argv(node, self.remote(argv, env, workdir))
-        # Its own session: a Ctrl-C at the terminal reaches tflab, which stops things in order.
-        child = proc.start(command, stdin=proc.PIPE, stdout=proc.PIPE, stderr=proc.PIPE, new_session=True)
-        process = _SshProcess(child)
+              env: Mapping[str, str] | None = None, workdir: str = "/workspace", renew: bool = False,
+              resume: Resume | None = None) -> Attached:
+        def start_child(words: Sequence[str], env: Mapping[str, str] | None = None, workdir: str = "/") -> Any:
+            command = self.ssh_argv(node, self.remote(words, env, workdir))
+            # Its own session: a Ctrl-C at the terminal reaches tflab, which stops things in order.
+            return proc.start(command, stdin=proc.PIPE, stdout=proc.PIPE, stderr=proc.PIPE, new_session=True)
+
+        process = _SshProcess(start_child(argv, env, workdir), start_child, renew, resume)
         background(process.pump, on_output, on_exit, name=f"ssh-{node}")
         return process
 

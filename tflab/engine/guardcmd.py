@@ -1,10 +1,7 @@
 """The commands tflab runs in a node through its guard (guard.pyz, from images/node/tflab_guard), as argv lists.
 
-Keys name what tflab started: `run:TASK:NODE` for `tflab run`, `exec:TASK:NODE:ID` for the
-process of one `tflab exec`, `serve:TASK:NODE` for servers shared by `tflab exec`s, and the
-lease `exec:TASK` those execs hold on them. Task names are words of `[A-Za-z0-9_.-]`, so keys
-are safe in paths, and `:` (in no task or node name) keeps `run:train:*` from matching the
-keys of `train.v2`.
+Built with the guard's own protocol module (tflab_guard.protocol, which the guard parses them
+with): its keys, words, grace and lease are defined there once.
 """
 
 from __future__ import annotations
@@ -12,121 +9,149 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from tflab_guard import protocol
+from tflab_guard.protocol import Call, Ending
 
 from tflab.engine.executors import Executor
-from tflab.errors import TflabError
+from tflab.errors import TflabError, UserError
 from tflab.host.fanout import parallel
 from tflab.plan.tasks import OOM
 from tflab.plan.topology import GRPC_PORT
 
 log = logging.getLogger("tflab.guard")
-GUARD = ["python3", "/usr/local/share/tflab/guard.pyz"]
-STOP_GRACE_S = 3.0
-
-
-def run_key(task: str, node: str) -> str:
-    """The key of a node's process in `tflab run TASK`."""
-    return f"run:{task}:{node}"
-
-
-def exec_key(task: str, node: str, owner: str) -> str:
-    """The key of the process one `tflab exec NODE TASK` runs."""
-    return f"exec:{task}:{node}:{owner}"
-
-
-def serve_key(task: str, node: str) -> str:
-    """The key of a server that `tflab exec`s of TASK share."""
-    return f"serve:{task}:{node}"
+GUARD = protocol.GUARD
+STOP_GRACE_S = protocol.STOP_GRACE_S
+run_key, exec_key, serve_key = protocol.run_key, protocol.exec_key, protocol.serve_key
+OLD_GUARD = "this node runs an older tflab guard than this tflab: run `tflab up` to bring the lab's nodes up to date"
 
 
 def lease(task: str) -> str:
     """What the `tflab exec`s of TASK hold on the servers they share."""
-    return f"exec:{task}"
+    return protocol.exec_lease(task)
 
 
 def run_line(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
              grace_s: float = STOP_GRACE_S) -> list[str]:
-    """The guard's command line that runs the shell line `command` attached to tflab (stopped when tflab's
-    connection ends); `held` waits for `go`.
+    """The guard's command line that runs the shell line `command` as its own child, attached to tflab
+    (stopped by `stop`, or when tflab's lease lapses); `held` waits for `go`.
 
     `warm` hands a Python program to the node's standby interpreter (TensorFlow imported
     already) when there is one; `preload` imports TensorFlow while held when there is not.
     """
-    flags = (["--held"] if held else []) + (["--preload"] if preload else []) + (["--warm"] if warm else [])
-    return [*GUARD, "run", key, *flags, "--grace", f"{grace_s:g}", "--shell", command]
+    return Call("run", key, wait_for_go=held, preload=preload, warm=warm, grace=float(grace_s), shell=command).argv()
 
 
 def run_argv(key: str, argv: list[str], grace_s: float = STOP_GRACE_S) -> list[str]:
     """The guard's command line that runs `argv` (words, not a shell line) attached to tflab."""
-    return [*GUARD, "run", key, "--grace", f"{grace_s:g}", "--", *argv]
+    return Call("run", key, grace=float(grace_s), argv=argv).argv()
+
+
+def attach(key: str, out_offset: int, err_offset: int) -> list[str]:
+    """`key`'s output again from these offsets, and its end as the exit code (after a broken connection)."""
+    return Call("attach", key, out=out_offset, err=err_offset).argv()
 
 
 def serve(key: str, lease_name: str, command: str, log: str, warm: bool = False) -> list[str]:
     """A server that lives while some holder of `lease_name` lives (output to `log`)."""
-    return [*GUARD, "serve", key, *(["--warm"] if warm else []), "--lease", lease_name, "--log", log,
-            "--shell", command]
+    return Call("serve", key, warm=warm, lease=lease_name, log=log, shell=command).argv()
 
 
 def standby(idle_s: float = 1800.0) -> list[str]:
     """Make the node's standby interpreter (TensorFlow imported, waiting for a --warm program)."""
-    return [*GUARD, "standby", "--idle", f"{idle_s:g}"]
+    return Call("standby", idle=float(idle_s)).argv()
 
 
 def warm() -> list[str]:
     """Exit 0 while the node's standby is ready, 1 while it is being made, 2 when there is none."""
-    return [*GUARD, "warm"]
+    return Call("warm").argv()
 
 
 def serve_detached(key: str, argv: list[str], log: str) -> list[str]:
     """A process that lives until `stop` (TensorBoard), output to `log`."""
-    return [*GUARD, "serve", key, "--log", log, "--", *argv]
+    return Call("serve", key, log=log, argv=argv).argv()
 
 
-def hold(lease_name: str) -> list[str]:
-    """Hold `lease_name` until tflab's connection ends."""
-    return [*GUARD, "hold", lease_name]
+def hold(lease_name: str, holder: str) -> list[str]:
+    """Hold `lease_name` as `holder` while tflab renews it."""
+    return Call("hold", lease_name, holder).argv()
 
 
-def held(lease_name: str) -> list[str]:
-    """Exit 0 while some holder of `lease_name` lives."""
-    return [*GUARD, "held", lease_name]
+def has_holders(lease_name: str) -> list[str]:
+    """Exit 0 while some holder of `lease_name` is renewed."""
+    return Call("holders", lease_name).argv()
 
 
 def probe(node: str, key: str | None, timeout_s: float) -> list[str]:
     """Exit 0 once node:2222 accepts connections; 3 when `key`'s process ended first; 4 on timeout."""
-    return [*GUARD, "probe", f"{node}:{GRPC_PORT}", "--timeout", f"{timeout_s:g}",
-            *(["--key", key] if key else [])]
+    return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key).argv()
 
 
 def alive(key: str) -> list[str]:
     """Exit 0 while `key`'s process lives."""
-    return [*GUARD, "alive", key]
+    return Call("alive", key).argv()
 
 
 def metrics(every_s: float = 1.0) -> list[str]:
     """The node's metrics, a JSON line every `every_s` seconds, until tflab's connection ends."""
-    return [*GUARD, "metrics", "--every", f"{every_s:g}"]
+    return Call("metrics", every=float(every_s)).argv()
 
 
 def ended(key: str) -> list[str]:
-    """Print how `key`'s process ended: `CODE`, `137 oom` where the kernel's OOM killer ended it, or `unknown`."""
-    return [*GUARD, "ended", key]
+    """Print how `key`'s process ended (protocol.Ending as JSON), or `unknown`."""
+    return Call("ended", key).argv()
 
 
-def end_reason(executor: Executor, node: str, key: str, code: int | None) -> str | None:
-    """Why a process that was killed (137) ended, where the node can tell: OOM, the OOM killer's doing."""
-    if code != 137:
-        return None
+def ending(executor: Executor, node: str, key: str) -> Ending | None:
+    """How `key`'s process ended, as its owner recorded it; None where the node cannot say."""
     try:
-        answer = executor.run(node, ended(key))[1].split()
+        code, text = executor.run(node, ended(key))
     except TflabError:
         return None
-    return OOM if answer[1:2] == ["oom"] else None
+    return Ending.from_json(text.strip().splitlines()[-1]) if code == 0 and text.strip() else None
 
 
-def stop(patterns: list[str], grace_s: float = STOP_GRACE_S, force: bool = False) -> list[str]:
-    """Stop every process group whose key matches one of `patterns` (fnmatch)."""
-    return [*GUARD, "stop", *patterns, "--grace", f"{grace_s:g}", *(["--force"] if force else [])]
+@dataclass(frozen=True)
+class Exit:
+    """How a process tflab started ended, as the run reads it: its code, why, and the node's typed record."""
+
+    code: int | None
+    reason: str | None = None
+    ending: Ending | None = None
+
+
+def learn_exit(executor: Executor, node: str, key: str, code: int | None, reason: str | None) -> Exit:
+    """The end of `key`'s process: the exit code the connection gave, made exact by its owner's record
+    (a signal by name, tflab's own stop, the OOM killer, a signal from outside tflab)."""
+    if code == 0:
+        return Exit(0, reason, Ending(0))
+    found = ending(executor, node, key)
+    if found is None:
+        return Exit(code, reason)
+    if found.reason == protocol.OOM:
+        return Exit(found.code, OOM, found)
+    if found.reason == protocol.EXITED:
+        return Exit(found.code, reason, found)
+    return Exit(found.code, found.sentence(), found)
+
+
+def stop(patterns: list[str], grace_s: float = STOP_GRACE_S, force: bool = False, forget: bool = False) -> list[str]:
+    """Stop every process tflab started under a key that matches one of `patterns` (fnmatch), by its records
+    (`forget`: and forget how they ended, before new ones start); an older guard refuses it (the protocol's
+    version is asked for), as `check_stopped` says."""
+    return Call("stop", *patterns, grace=float(grace_s), force=force, forget=forget, protocol=protocol.VERSION).argv()
+
+
+def is_old_guard(code: int | None, output: str) -> bool:
+    """Whether a guard's answer is an older guard's refusal of what this tflab asked."""
+    return code is not None and protocol.is_old_guard(code, output)
+
+
+def check_stopped(answer: tuple[int, str]) -> None:
+    """A stop's answer: an older guard's refusal is a sentence naming the fix."""
+    if protocol.is_old_guard(*answer):
+        raise UserError(OLD_GUARD)
 
 
 def warm_up(executor: Executor, names: list[str]) -> None:

@@ -37,6 +37,7 @@ from tflab.render import schemas, templates
 
 RUNNING_TIMEOUT_S = 180.0
 GONE_TIMEOUT_S = 120.0
+STACK_LABEL = "com.docker.stack.namespace"  # what `docker stack deploy` labels its services' containers with
 
 
 class RoutingExecutor:
@@ -50,8 +51,9 @@ class RoutingExecutor:
             raise UserError(f"node {node} is not running in the swarm; `tflab up` starts it")
         return self.routes[node]
 
-    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
-        return self._for(node).start(node, argv, on_output, on_exit, env=env, workdir=workdir)
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace", renew=False, resume=None):
+        return self._for(node).start(node, argv, on_output, on_exit, env=env, workdir=workdir, renew=renew,
+                                     resume=resume)
 
     def run(self, node, argv, env=None, workdir="/"):
         return self._for(node).run(node, argv, env=env, workdir=workdir)
@@ -180,6 +182,16 @@ class SwarmLab:
         found = self.client.services.list(filters={"label": f"tflab.lab={self.stack}"})
         return {s.attrs["Spec"]["Labels"].get("tflab.node", s.name): s for s in found}
 
+    def _stack_tasks(self) -> list[dict]:
+        """The swarm's tasks of this stack that are still there. A removed service's tasks stay until the node
+        that ran them has shut them down: on another host too, where this engine sees no container."""
+        try:
+            tasks = self.client.api.tasks()
+        except docker.errors.APIError:
+            return []
+        return [t for t in tasks
+                if ((t.get("Spec") or {}).get("ContainerSpec") or {}).get("Labels", {}).get(STACK_LABEL) == self.stack]
+
     def _latest_tasks(self) -> dict[str, dict]:
         """Each node's newest task (whatever its state)."""
         tasks = {}
@@ -215,7 +227,8 @@ class SwarmLab:
             time.sleep(0.5)
 
     def down(self) -> tuple[int, int]:
-        """`docker stack rm`, then wait until its tasks' containers and its network are gone."""
+        """`docker stack rm`, then wait until its tasks (on every host of the swarm), its containers here and its
+        network are gone."""
         swarm = self.client.info().get("Swarm") or {}
         if swarm.get("LocalNodeState") != "active":
             return bringup.down(self.stack, self.client)  # no swarm: whatever is left is plain containers
@@ -230,7 +243,7 @@ class SwarmLab:
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while time.monotonic() < deadline:
             left = (self.client.services.list(filters=label) or labelled(self.client, label["label"])
-                    or self.client.networks.list(filters=label))
+                    or self.client.networks.list(filters=label) or self._stack_tasks())
             if not left:
                 break
             time.sleep(0.5)

@@ -69,6 +69,7 @@ class NewLab:
 def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda root: False) -> NewLab:
     """Check `request` against the host and write the lab: a one-line error, and nothing written, otherwise.
     `lab_is_up(root)` says whether a lab already in `root` runs (its ports are then its own)."""
+    shares.size_bytes(request.shm_size, "--shm-size")  # the engine would refuse it only at `up`
     if request.data_mode not in ("copy", "mount"):
         raise UserError(f"--data-mode must be copy or mount, not {request.data_mode!r}")
     if request.target not in cfg.TARGETS:
@@ -144,6 +145,7 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
         packages=packages,
         tensorflow=request.tensorflow,
     )
+    labfiles.check_paths(config, root, scaffold)  # the user's own folders are named before the host's ports
     if request.target == "compose":
         try:
             ports.require_free(

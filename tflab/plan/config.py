@@ -7,7 +7,7 @@ plan/labfile.py (its schema) and plan/taskfile.py (its tasks).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tflab.errors import UserError
@@ -278,7 +278,3 @@ def fill_placeholders(command: str, values: dict[str, str]) -> str:
     pattern = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
     return pattern.sub(lambda m: values[m.group(1)], command)
 
-
-def with_tasks(config: LabConfig, tasks: dict[str, Task]) -> LabConfig:
-    """`config` with `tasks` added (existing names win)."""
-    return replace(config, tasks={**tasks, **config.tasks})

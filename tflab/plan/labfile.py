@@ -259,7 +259,7 @@ SCHEMA: tuple[Key | Section, ...] = (
     Section("image", (
         Key("base", "base_image", string(AUTO_BASE, check=check_image_ref)),
         Key("tensorflow", "tensorflow", tensorflow),
-        Key("shm_size", "shm_size", string("2g")),
+        Key("shm_size", "shm_size", string("2g", check=shares.size_bytes)),
         Key("memlock", "memlock", integer(None, minimum=-1)),
     )),
     Section("packages", (

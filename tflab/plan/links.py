@@ -17,6 +17,7 @@ from tflab.errors import UserError
 RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 RATE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
 MAX_DELAY_MS = 60_000.0
+MIN_DELAY_MS = 0.001  # tc's delays are in microseconds
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,9 @@ def parse_delay(value: float | int | str, flag: str = "--link-delay") -> float |
         raise UserError(f"{flag} {value!r} is not a number of milliseconds") from None
     if delay != delay or delay < 0 or delay > MAX_DELAY_MS:  # NaN, negative, absurd
         raise UserError(f"{flag} {value!r} must be between 0 and {MAX_DELAY_MS:g} milliseconds")
-    return delay or None
+    if 0 < delay < MIN_DELAY_MS:  # tc's delay is in microseconds (and 1e-09 would be written in exponent form)
+        raise UserError(f"{flag} {value!r} is below a microsecond, the finest delay tc sets: use 0 or at least 0.001")
+    return round(delay, 3) or None
 
 
 def burst_bytes(rate: str) -> int:

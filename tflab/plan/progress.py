@@ -9,7 +9,8 @@ The lines people's programs really print, each giving a step (or a rate):
 - Keras' `Epoch 2/5` and then `120/469 [=====>....]`, `120/469 ━━━━━━━━` or `469/469 - 2s - loss: …`
   (step = the batches of the epochs before, and this one's); tqdm's and Lightning's bars
   (`Epoch 3:  45%|████▌ | 450/1000 [00:05<…]`)
-- a task's own pattern (tflab.yaml `progress: REGEX`), with a named group `step` or `rate`
+- a task's own pattern (tflab.yaml `progress: REGEX`), with a named group `step` or `rate` (other named
+  groups are metrics of its quality: plan/quality)
 
 The late-worker rule, the steps/s of the run summary and the cluster metrics all read steps here.
 """
@@ -74,13 +75,14 @@ class Reading:
 
 
 def check_pattern(pattern: str) -> re.Pattern[str]:
-    """A task's own progress pattern: a regular expression with a named group `step` or `rate` (ValueError else)."""
+    """A task's own progress pattern: a regular expression with a named group `step` or `rate`, or one that names a
+    metric of its quality (`quality`, `f1`: plan/quality) (ValueError else)."""
     try:
         compiled = re.compile(pattern)
     except re.error as exc:
         raise ValueError(f"is not a regular expression ({exc})") from None
-    if not {"step", "rate"} & set(compiled.groupindex):
-        raise ValueError("needs a named group (?P<step>...) or (?P<rate>...)")
+    if not compiled.groupindex:
+        raise ValueError("needs a named group (?P<step>...) or (?P<rate>...), or one for a metric: (?P<quality>...)")
     return compiled
 
 
@@ -108,8 +110,9 @@ class ProgressReader:
         line = ANSI.sub("", line)
         if self.pattern is not None:
             match = self.pattern.search(line)
-            if match:
-                return _from_groups(match)
+            reading = _from_groups(match) if match else None
+            if reading is not None:
+                return reading
         match = BOOK_PATTERN.search(line)
         if match:
             return Reading(step=int(match.group(2)))
@@ -160,14 +163,6 @@ def _from_groups(match: re.Match[str]) -> Reading | None:
     except ValueError:
         return None
     return None
-
-
-def step_of(line: str) -> int | None:
-    """The step a single line reports (any of the forms above but Keras', which needs the lines before)."""
-    reading = ProgressReader().read(line)
-    return reading.step if reading is not None else None
-
-
 
 
 def is_noise(line: str) -> bool:

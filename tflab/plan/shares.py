@@ -22,6 +22,17 @@ from dataclasses import dataclass, field
 
 from tflab.errors import UserError
 
+BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def size_bytes(size: str, name: str = "") -> int:
+    """A Docker size (`2g`, `512m`, `1073741824`) in bytes; a UserError (naming `name`) for what the engine refuses."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
+    if not match or match.group(2).lower() not in BYTE_UNITS:
+        raise UserError(f"{name + ' ' if name else ''}{size!r} is not a size: write a number and a unit, "
+                        "such as 2g or 512m")
+    return int(float(match.group(1)) * BYTE_UNITS[match.group(2).lower()])
+
 AUTO = "auto"
 SHARED = "0"
 # What the host keeps for itself before its memory is split: a tenth, between 1 and 16 GiB.

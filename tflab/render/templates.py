@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from tflab import resources
-from tflab.errors import UserError
 from tflab.plan import config as cfg
 from tflab.plan import links, shares
 from tflab.plan.config import COMPOSE_FILE, LabConfig
@@ -108,15 +107,7 @@ def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, project
     )
 
 
-SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
-
-
-def size_bytes(size: str) -> int:
-    """A Docker size (`2g`, `512m`, `1073741824`) in bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
-    if not match or match.group(2).lower() not in SIZE_UNITS:
-        raise UserError(f"{size!r} is not a size: write a number and a unit, such as 2g or 512m")
-    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+size_bytes = shares.size_bytes
 
 
 def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_names: tuple[str, str],

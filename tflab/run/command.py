@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import queue
 import time
+from functools import partial
 from collections.abc import Callable, Sequence
 
 from tflab.engine import guardcmd
 from tflab.engine.executors import Executor, OnOutput
 from tflab.run.drive import drive
-from tflab.run.events import Action, Began, Event, Exited, Finish, Interrupt, Stop
+from tflab.run.events import Action, Began, Event, Finish, Interrupt, Stop, exited_event
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
 
@@ -41,8 +42,16 @@ class CommandRun:
         machine = RunMachine(RunPlan(servers=(), finishers=(node,), chief=node, stop_hung=False))
         key = guardcmd.exec_key("cmd", node, str(os.getpid()))
         first = machine.handle(Began(self.clock()))
-        process = self.executor.start(node, guardcmd.run_argv(key, self.argv), self.on_output,
-                                      lambda code, reason: self.events.put(Exited(node, code, self.clock(), reason)))
+        def on_exit(code: int | None, reason: str | None) -> None:
+            end = None
+            try:
+                end = guardcmd.learn_exit(self.executor, node, key, code, reason)
+                code, reason = end.code, end.reason
+            finally:
+                self.events.put(exited_event(node, self.clock(), code, reason, end))
+
+        process = self.executor.start(node, guardcmd.run_argv(key, self.argv), self.on_output, on_exit, renew=True,
+                                      resume=partial(guardcmd.attach, key))
 
         def carry_out(actions: list[Action]) -> None:
             for action in actions:  # its start is the process started above

@@ -30,6 +30,7 @@ class Printed:
     step: int | None = None
     rate: float | None = None  # steps/s the line reported itself
     leader_gone: bool = False  # the line says the coordination service's leader (the chief) is gone
+    quality: tuple[tuple[str, float], ...] = ()  # the metrics it printed (plan/quality): accuracy, loss, ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Exited:
     code: int | None
     t: float
     reason: str | None = None  # why the code is unknown, or what happened to the node
+    signal: str | None = None  # the signal that ended it, by name (SIGTERM), as its owner in the node saw it
+    ended_by: str | None = None  # the node's word for how it ended (tflab_guard.protocol: exited, stopped, ...)
 
 
 @dataclass(frozen=True)
@@ -142,3 +145,10 @@ class Finish:
 
 
 Action = Start | Release | Stop | Say | Finish | Inject | Heal | Revive
+
+
+def exited_event(node: str, t: float, code: int | None, reason: str | None, end: object = None) -> Exited:
+    """The Exited event of a process whose end the node recorded (`end`: guardcmd.Exit, or None where unknown)."""
+    ending = getattr(end, "ending", None)
+    return Exited(node, code, t, reason, signal=getattr(ending, "signal", None),
+                  ended_by=getattr(ending, "reason", None))

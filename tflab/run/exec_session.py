@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import uuid
+from functools import partial
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
-from tflab.run.events import Action, Began, Exited, Interrupt, PeerEnded, Printed, Say, Stop
+from tflab.run.events import Action, Began, Interrupt, PeerEnded, Printed, Say, Stop, exited_event
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
 
@@ -150,10 +151,14 @@ class ExecSession:
     # -- the servers -----------------------------------------------------------------------
 
     def _hold_and_start_servers(self, restart: bool) -> None:
+        def again(argv: list[str], _out: int, _err: int) -> list[str]:
+            return argv  # holding again is holding on: the holder's file is renewed where it was
+
         """Hold the servers (held before looked at), then start those that do not serve; wait until all accept."""
         setup = self.setup
         lease = guardcmd.lease(setup.task)
         holding = {name: threading.Event() for name in setup.servers}
+        old_guard: list[str] = []
         for name in setup.servers:
             said = bytearray()
 
@@ -162,12 +167,19 @@ class ExecSession:
                 if b"holding\n" in said:
                     holding[name].set()
 
-            def on_exit(_code: int | None, _why: str | None, name: str = name) -> None:
+            def on_exit(code: int | None, _why: str | None, name: str = name, said: bytearray = said) -> None:
+                if guardcmd.is_old_guard(code, said.decode(errors="replace")):
+                    old_guard.append(name)
                 holding[name].set()  # never holding: the check below says so
 
-            self.holders[name] = self.executor.start(name, guardcmd.hold(lease), on_output, on_exit, workdir="/")
+            argv = guardcmd.hold(lease, self.owner)
+            self.holders[name] = self.executor.start(name, argv, on_output, on_exit, workdir="/", renew=True,
+                                                     resume=partial(again, argv))
         deadline = self.clock() + HOLD_TIMEOUT_S
         for name, event in holding.items():
+            event.wait(max(0.0, deadline - self.clock()))
+            if old_guard:
+                raise UserError(guardcmd.OLD_GUARD)
             if not event.wait(max(0.0, deadline - self.clock())) or self.holders[name].wait(0):
                 raise EngineError(f"cannot hold {name}'s server for this exec: its guard did not answer; "
                                   f"is {name} running (`tflab status`)?")
@@ -178,8 +190,8 @@ class ExecSession:
                 return False  # another terminal's `tflab exec NAME TASK` runs this server itself
             if not restart and self.executor.run(name, guardcmd.alive(key))[0] == 0:
                 return False
-            # A fresh session, or a server gone: nothing of an earlier one may serve it.
-            self.executor.run(name, guardcmd.stop([key], force=True))
+            # A fresh session, or a server gone: nothing of an earlier one may serve it (nor answer for it).
+            self.executor.run(name, guardcmd.stop([key], force=True, forget=True))
             log = f"/runs/{setup.task}/logs/{name}.log"
             self.executor.spawn(name, guardcmd.serve(key, lease, setup.commands[name], log, warm=setup.warm),
                                 env=setup.env, workdir="/workspace")
@@ -212,7 +224,7 @@ class ExecSession:
             if name in self.exec_nodes:
                 continue  # its own exec ends it
             try:
-                if self.executor.run(name, guardcmd.held(guardcmd.lease(setup.task)))[0] == 0:
+                if self.executor.run(name, guardcmd.has_holders(guardcmd.lease(setup.task)))[0] == 0:
                     self.say(f"{name} keeps serving: another exec of {setup.task} uses it")
                     continue
                 self.executor.run(name, guardcmd.stop([guardcmd.serve_key(setup.task, name)], setup.stop_grace_s))
@@ -271,15 +283,18 @@ class ExecSession:
             self.on_output(chunk, is_err)
 
         def on_exit(code: int | None, reason: str | None) -> None:
+            end = None
             try:
-                reason = guardcmd.end_reason(self.executor, setup.node, key, code) or reason
+                end = guardcmd.learn_exit(self.executor, setup.node, key, code, reason)
+                code, reason = end.code, end.reason
             finally:
-                self.events.put(Exited(setup.node, code, self.clock(), reason))
+                self.events.put(exited_event(setup.node, self.clock(), code, reason, end))
 
         began = self.clock()
         first = machine.handle(Began(began))
         self.node_started = True  # from here on an interrupt is queued, and handled below
-        process = self.executor.start(setup.node, argv, on_output, on_exit, env=setup.env)
+        process = self.executor.start(setup.node, argv, on_output, on_exit, env=setup.env, renew=True,
+                                      resume=partial(guardcmd.attach, key))
         watching = threading.Event()
         background(self._watch_chief, watching, name="watch-chief")
         forced_at: list[float | None] = [None]

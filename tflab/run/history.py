@@ -15,7 +15,7 @@ from typing import Any
 
 from tflab.errors import UserError
 from tflab.host.proc import pid_alive, process_start
-from tflab.plan import progress
+from tflab.plan import progress, quality
 from tflab.run.machine import RunMachine
 from tflab.run.runreport import NUMBER, RUN_FILE, NodeRow, RunReport, holds_types, load
 
@@ -29,6 +29,10 @@ def stamp(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
+# run.json's `reason` of a node (DESIGN: "A process's end is known"), from the guard's finer word for its end
+REASONS = {"oom": "oom", "stopped": "stopped", "lease": "stopped", "outside": "outside"}
+
+
 def node_rows(machine: RunMachine) -> dict[str, NodeRow]:
     """Each node's part in the run, as run.json keeps it."""
     rows = {}
@@ -36,12 +40,29 @@ def node_rows(machine: RunMachine) -> dict[str, NodeRow]:
         rate = node.rate()
         recent = node.rate(RECENT_S) if node.running else None
         rows[name] = NodeRow(
-            role=node.role, attempt=node.attempt, exit_code=node.exit_code, verdict=node.verdict, reason=node.reason,
+            role=node.role, attempt=node.attempt, exit_code=node.exit_code, verdict=node.verdict,
+            reason=REASONS.get(node.ended_by or ""), signal=node.signal, said=node.reason,
             duration_s=None if node.duration is None else round(node.duration, 2),
             steps_per_s=None if rate is None else round(rate, 2),
             recent_steps_per_s=None if recent is None else round(recent, 2),
         )
     return rows
+
+
+def quality_of(machine: RunMachine) -> dict[str, Any]:
+    """run.json's `quality` (each metric's last value) and `quality_series` (its [t, value] pairs since the start),
+    from the chief, or the first finisher that printed any."""
+    order = [machine.plan.chief, *machine.plan.finishers]
+    node = next((machine.nodes[n] for n in order if n in machine.nodes and machine.nodes[n].quality), None)
+    if node is None:
+        return {"quality": None, "quality_series": None}
+    began = machine.began or 0.0
+    last: dict[str, float] = {}
+    series: dict[str, list[list[float]]] = {}
+    for t, metric, value in node.quality:
+        last[metric] = value
+        series[metric] = quality.thin(series.get(metric, []) + [[round(t - began, 2), value]])
+    return {"quality": last, "quality_series": series}
 
 
 @dataclass
@@ -73,6 +94,7 @@ class RunRecorder:
             steady_steps_per_s=None if steady is None else round(steady, 3),
             first_step_s=None if first_step_s is None else round(first_step_s, 2),
             note=note, limit=limit, knobs=self.knobs, cluster=cluster,
+            **quality_of(machine),
             faults=machine.drills.rows(machine.began), nodes=node_rows(machine),
         )
         report.save(self.folder)

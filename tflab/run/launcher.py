@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from functools import partial
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from tflab.engine.executors import Attached, Executor
 from tflab.engine.guardcmd import warm_up
 from tflab.errors import TflabError
 from tflab.host.fanout import background, parallel
-from tflab.plan import progress
+from tflab.plan import progress, quality
 from tflab.plan.faults import Fault
 from tflab.run.events import (
     Began,
@@ -43,6 +44,7 @@ from tflab.run.events import (
     Serving,
     Start,
     Stop,
+    exited_event,
 )
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
 from tflab.run.machine import RunMachine
@@ -125,6 +127,7 @@ class Launcher:
         self._first_step: float | None = None
         self._sink_failed = False
         self._began = 0.0
+        self._own_pattern = progress.check_pattern(setup.progress) if setup.progress else None
 
     # -- called from other threads and signal handlers -------------------------------------------
 
@@ -138,7 +141,7 @@ class Launcher:
         """Run to the verdict; when it returns, nothing this run started runs in any node."""
         nodes = list(self.machine.nodes)
         self.setup.log_dir.mkdir(parents=True, exist_ok=True)
-        self._sweep(nodes, force=True)  # whatever an earlier run of this task left behind
+        self._clear(nodes, force=True, first=True)  # whatever an earlier run of this task left behind
         self._began = self.clock()
         self._apply(self.machine.handle(Began(self._began)))
         self.on_state("starting", self.machine)
@@ -165,7 +168,7 @@ class Launcher:
         drive(self.machine, self.events, self._apply, self.clock,
               every=(Every(0.0, keep_record), Every(self.setup.report_every_s, report)), give_up=give_up)
         self._heal_drills()
-        self._sweep(nodes, force=True)
+        self._clear(nodes, force=True)
         if self.setup.warm:
             warm_up(self.executor, nodes)  # ready for the next run (imports in the background)
         for handle in self.logs.values():
@@ -218,17 +221,20 @@ class Launcher:
                 self._line(name, text)
 
         def on_exit(code: int | None, reason: str | None) -> None:
+            end = None
             try:
                 for text in updates.rest():
                     self._progress(name, text, reader)
                 for text in lines.rest():
                     self._line(name, text)
-                reason = guardcmd.end_reason(self.executor, name, key, code) or reason
+                end = guardcmd.learn_exit(self.executor, name, key, code, reason)
+                code, reason = end.code, end.reason
             finally:
-                self.events.put(Exited(name, code, self.clock(), reason))
+                self.events.put(exited_event(name, self.clock(), code, reason, end))
 
         try:
-            self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env_for(name))
+            self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env_for(name),
+                                                       renew=True, resume=partial(guardcmd.attach, key))
         except TflabError as exc:
             self.events.put(Exited(name, None, self.clock(), str(exc)))
             return
@@ -289,7 +295,9 @@ class Launcher:
             # (MultiWorkerMirroredStrategy's "tasks have crashed" of a run that succeeded)
             if not (progress.tensorflow_error(text) and self.last_lines.get(name)):
                 self.last_lines[name] = text.rsplit("\r", 1)[-1]
-            self.events.put(Printed(name, self.clock(), leader_gone=bool(progress.LEADER_GONE.search(text))))
+            metrics = quality.read(text.rsplit("\r", 1)[-1], self._own_pattern)
+            self.events.put(Printed(name, self.clock(), leader_gone=bool(progress.LEADER_GONE.search(text)),
+                                    quality=tuple(metrics.items())))
         self._show(self.sink.line, name, text)
 
     def _probe(self, name: str, key: str) -> None:
@@ -316,17 +324,21 @@ class Launcher:
             process.close()
             process.wait(5)
 
-    def _sweep(self, nodes: list[str], force: bool) -> None:
-        """Stop every process of this task's runs in every node (in parallel)."""
+    def _clear(self, nodes: list[str], force: bool, first: bool = False) -> None:
+        """Stop every process of this task's runs in every node (in parallel); the first time, a node whose guard
+        is older than this tflab's says so (UserError)."""
         pattern = guardcmd.run_key(self.setup.task, "*")
 
-        def sweep(name: str) -> None:
+        def clear(name: str) -> tuple[int, str]:
             try:
-                self.executor.run(name, guardcmd.stop([pattern], force=force))
+                return self.executor.run(name, guardcmd.stop([pattern], force=force, forget=first))
             except TflabError:
-                pass  # the node itself is gone: nothing of the task is left in it
+                return 0, ""  # the node itself is gone: nothing of the task is left in it
 
-        parallel(sweep, nodes, name="sweep")
+        answers = parallel(clear, nodes, name="clear")
+        if first:
+            for answer in answers:
+                guardcmd.check_stopped(answer)
 
     def _say(self, message: str) -> None:
         self._show(self.sink.event, message)

@@ -19,11 +19,14 @@ class NodeRun:
     exit_code: int | None = None
     verdict: str = "pending"  # pending | running | ok | failed | hung | served | stopped | ...
     reason: str | None = None
+    signal: str | None = None  # the signal that ended it (SIGTERM), by name
+    ended_by: str | None = None  # exited, stopped, crashed, outside, oom, lease, refused, lost
     last_output: float | None = None
     leader_gone: float | None = None  # when it last said the chief's coordination service is gone
     steps: list[tuple[float, int]] = field(default_factory=list)
     rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself
     serving: bool = False
+    quality: list[tuple[float, str, float]] = field(default_factory=list)  # (t, metric, value) as printed
 
     @property
     def running(self) -> bool:

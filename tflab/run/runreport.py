@@ -29,7 +29,9 @@ class NodeRow:
     attempt: int = 0
     exit_code: int | None = None
     verdict: str = "pending"
-    reason: str | None = None
+    reason: str | None = None  # DESIGN: oom, stopped (tflab stopped it), outside (a signal tflab did not send), or null
+    signal: str | None = None  # the signal that ended its process, by name
+    said: str | None = None  # how it ended in words: "killed by SIGKILL from outside tflab", "its container stopped"
     duration_s: float | None = None
     steps_per_s: float | None = None
     recent_steps_per_s: float | None = None  # over the last seconds, while it runs
@@ -59,6 +61,8 @@ class RunReport:
     limit: dict[str, str] | None = None  # what limited the run (run/bottleneck.Limit), once it finished
     knobs: dict[str, Any] | None = None  # what the run changed of the lab's design (plan/knobs)
     cluster: dict[str, dict[str, Any]] | None = None  # each node's mean CPU (of its share) and Mbit/s
+    quality: dict[str, float] | None = None  # the chief's metrics as it last printed them (accuracy, loss, ...)
+    quality_series: dict[str, list[Any]] | None = None  # each metric's [seconds since the start, value] pairs
     faults: list[dict[str, Any]] = field(default_factory=list)  # the drill's faults, as they went
     nodes: dict[str, NodeRow] = field(default_factory=dict)
 

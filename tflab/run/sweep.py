@@ -22,7 +22,7 @@ from typing import Any
 
 from tflab.errors import UserError
 from tflab.plan import knobs as knob_rules
-from tflab.plan import links
+from tflab.plan import links, quality
 from tflab.plan.config import LabConfig, check_task_name
 from tflab.plan.knobs import Knobs
 from tflab.plan.topology import Lab
@@ -38,7 +38,11 @@ ENV_AXIS = "env."
 MAX_POINTS = 1000
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 # The columns every row has, before the per-node ones (DESIGN.md, Experiments).
-COLUMNS = ("repeat", "verdict", "steps_per_s", "examples_per_s", "first_step_s", "limit", "run")
+COLUMNS = ("repeat", "verdict", "steps_per_s", "examples_per_s", "first_step_s", "limit", "worker_cpus", "ps_cpus",
+           "run")
+PREDICT_AXES = ("workers", "link-rate", "cpus", "ps.cpus")  # what the cost model predicts along
+QUALITY_COLUMNS = ("accuracy", "loss")  # as the chief printed them last (plan/quality); others follow when printed
+TARGET_COLUMN = "time_to_target_s"
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class SweepSpec:
     axes: tuple[Axis, ...]
     repeats: int = 1
     predict: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    target: tuple[str, float] | None = None  # --target accuracy=0.95: each point's time to reach it
+    holdout: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # points measured, left out of the fit
 
     def points(self) -> list[Point]:
         grid = itertools.product(*(axis.values for axis in self.axes)) if self.axes else [()]
@@ -88,7 +94,9 @@ class SweepSpec:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "task": self.task, "repeats": self.repeats,
                 "axes": [{"name": a.name, "values": list(a.values)} for a in self.axes],
-                "predict": {k: list(v) for k, v in self.predict.items()}}
+                "predict": {k: list(v) for k, v in self.predict.items()},
+                "target": list(self.target) if self.target else None,
+                "holdout": {k: list(v) for k, v in self.holdout.items()}}
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> SweepSpec:
@@ -96,7 +104,9 @@ class SweepSpec:
             return SweepSpec(str(data["name"]), data.get("task"),
                              tuple(Axis(str(a["name"]), tuple(str(v) for v in a["values"])) for a in data["axes"]),
                              int(data.get("repeats", 1)),
-                             {str(k): tuple(str(x) for x in v) for k, v in (data.get("predict") or {}).items()})
+                             {str(k): tuple(str(x) for x in v) for k, v in (data.get("predict") or {}).items()},
+                             (str(data["target"][0]), float(data["target"][1])) if data.get("target") else None,
+                             {str(k): tuple(str(x) for x in v) for k, v in (data.get("holdout") or {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{SPEC_FILE} is not one tflab wrote ({exc})") from None
 
@@ -124,19 +134,26 @@ def parse_vary(specs: Iterable[str]) -> tuple[Axis, ...]:
     return tuple(axes)
 
 
-def parse_predict(specs: Iterable[str], axes: Sequence[Axis]) -> dict[str, tuple[str, ...]]:
-    """`--predict workers=8,16`: points the cost model predicts, beyond the grid."""
+def parse_predict(specs: Iterable[str], axes: Sequence[Axis], flag: str = "--predict") -> dict[str, tuple[str, ...]]:
+    """`--predict workers=8,16 --predict link-rate=1gbit --predict ps.cpus=2`: designs the cost model predicts,
+    beyond the grid (the axes not given take each value measured); `--holdout workers=2` the same words."""
     predict: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         name, sep, text = str(spec).partition("=")
-        if name.strip() != "workers" or not sep:
-            raise UserError(f"--predict {spec!r}: the model predicts over workers: write --predict workers=8,16")
+        name = name.strip()
+        if name not in PREDICT_AXES or not sep:
+            raise UserError(f"{flag} {spec!r}: the model predicts along {', '.join(PREDICT_AXES)}: "
+                            f"write {flag} workers=8,16")
         values = tuple(v.strip() for v in text.split(","))
-        if not all(v.isascii() and v.isdigit() and 0 < int(v) <= 4096 for v in values):
-            raise UserError(f"--predict {spec!r}: workers are whole numbers from 1 to 4096")
-        predict["workers"] = values
+        if name == "workers" and not all(v.isascii() and v.isdigit() and 0 < int(v) <= 4096 for v in values):
+            raise UserError(f"{flag} {spec!r}: workers are whole numbers from 1 to 4096")
+        if name == "link-rate" and not all(numeric("link-rate", v) for v in values):
+            raise UserError(f"{flag} {spec!r}: a link rate such as 100mbit or 1gbit")
+        if name in ("cpus", "ps.cpus") and not all((numeric("cpus", v) or 0) > 0 for v in values):
+            raise UserError(f"{flag} {spec!r}: CPUs are a number above 0, such as 0.5 or 2")
+        predict[name] = values
     if predict and not any(a.name == "workers" for a in axes):
-        raise UserError("--predict needs a sweep that varies workers (--vary workers=1,2,3): the model is fitted "
+        raise UserError(f"{flag} needs a sweep that varies workers (--vary workers=1,2,3): the model is fitted "
                         "to how the throughput changes with them")
     return predict
 
@@ -272,8 +289,19 @@ def batch_of(batch: str | None, knobs: Knobs, lab: Lab) -> float | None:
     return value if value > 0 else None
 
 
+def cpu_shares(lab: Lab, knobs: Knobs, host_cpus: int) -> tuple[float, float]:
+    """(a worker's CPUs, a server's CPUs) in a run with these knobs: its share, or the host's where it has none."""
+    run = knob_rules.run_lab(lab, knobs)
+
+    def mean(job: str) -> float:
+        shares = [n.share.cpus or float(host_cpus) for n in run.nodes if n.job == job]
+        return round(sum(shares) / len(shares), 4) if shares else float(host_cpus)
+
+    return mean("worker") if any(n.job == "worker" for n in run.nodes) else mean("chief"), mean("ps")
+
+
 def row(spec: SweepSpec, point: Point, report: RunReport, run_folder: str, batch: float | None,
-        nodes: Sequence[str]) -> dict[str, Any]:
+        nodes: Sequence[str], shares: tuple[float, float] | None = None) -> dict[str, Any]:
     """One point's row: its axes as written, its verdict and figures, each node's CPU and traffic."""
     rate = report.steady_steps_per_s or report.steps_per_s
     limit = report.limit or {}
@@ -282,7 +310,16 @@ def row(spec: SweepSpec, point: Point, report: RunReport, run_folder: str, batch
                            "examples_per_s": round(rate * batch, 2) if rate and batch else None,
                            "first_step_s": report.first_step_s,
                            "limit": f"{limit['kind']}: {limit.get('evidence', '')}" if limit.get("kind") else None,
+                           "worker_cpus": shares[0] if shares else None, "ps_cpus": shares[1] if shares else None,
                            "run": run_folder}
+    for metric, value in (report.quality or {}).items():
+        out[metric] = value
+    if spec.target is not None:
+        metric, goal = spec.target
+        series = (report.quality_series or {}).get(metric) or []
+        reached = quality.time_to(series, metric, goal)
+        out[TARGET_COLUMN] = reached
+        out["reached"] = reached is not None
     cluster = report.cluster or {}
     for node in nodes:
         figures = cluster.get(node) or {}
@@ -292,8 +329,12 @@ def row(spec: SweepSpec, point: Point, report: RunReport, run_folder: str, batch
     return out
 
 
-def columns(spec: SweepSpec, nodes: Sequence[str]) -> list[str]:
-    return ["point", *(a.name for a in spec.axes), *COLUMNS,
+def columns(spec: SweepSpec, nodes: Sequence[str], rows: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    known = set(COLUMNS) | {"point", *(a.name for a in spec.axes), TARGET_COLUMN, "reached"}
+    metrics = [m for m in QUALITY_COLUMNS if any(r.get(m) is not None for r in rows)]
+    metrics += sorted({k for r in rows for k in r if k not in known and "." not in k and k not in metrics})
+    return ["point", *(a.name for a in spec.axes), *COLUMNS, *metrics,
+            *([TARGET_COLUMN, "reached"] if spec.target else []),
             *(f"{node}.{what}" for node in nodes for what in ("cpu", "tx_mbit", "rx_mbit"))]
 
 
@@ -302,7 +343,7 @@ def save_rows(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]], 
     order = {p.key: p.number for p in spec.points()}
     ordered = sorted(rows, key=lambda r: order.get(r["point"], 0))
     _write(folder / RESULTS_JSON, json.dumps(ordered, indent=1) + "\n")
-    names = columns(spec, nodes)
+    names = columns(spec, nodes, ordered)
     tmp = folder / f".{RESULTS_CSV}.{os.getpid()}.tmp"
     with tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=names, extrasaction="ignore")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO
 
 from tflab.engine.executors import Executor
@@ -56,7 +55,8 @@ class TaskRun:
         self.launcher = Launcher(
             executor, plan,
             RunSetup(definition.name, commands, tasks.task_env(definition.name),
-                     self.folder / history.LOG_DIR, preload=definition.preload, warm=lf.warm,
+                     self.folder / history.LOG_DIR, preload=definition.preload,
+                     warm=lf.warm and not knobs.sets_environment,
                      progress=definition.progress, node_env=knob_rules.env_changes(lf.lab, lab, knobs)),
             self.sink, on_state=lambda state, machine: self.record.write(state, machine), injector=injector,
         )
@@ -97,7 +97,3 @@ class TaskRun:
                     on_end()
             finally:
                 self.output_log.close()
-
-    @property
-    def cluster_dir(self) -> Path | None:
-        return self.watch.folder if self.watch is not None else None
