@@ -30,6 +30,17 @@ for extra in "$@"; do
     command -v "$extra" >/dev/null || { say "installing $extra"; apt_install "$extra"; }
 done
 
+# The guard runs in nodes on Python 3.6 and later (TensorFlow 1.15's images): the tests run it under 3.6 too.
+if ! ls "$HOME"/.pyenv/versions/3.6*/bin/python3.6 >/dev/null 2>&1 && ! command -v python3.6 >/dev/null; then
+    if command -v pyenv >/dev/null || [ -x "$HOME/.pyenv/bin/pyenv" ]; then
+        say "installing Python 3.6 for the guard's tests (pyenv install 3.6.15)"
+        "$(command -v pyenv || echo "$HOME/.pyenv/bin/pyenv")" install -s 3.6.15 >/dev/null 2>&1 \
+            || say "could not install Python 3.6: the guard's 3.6 tests will fail (install it with pyenv)"
+    else
+        say "no Python 3.6: the guard's 3.6 tests will fail (install pyenv, then: pyenv install 3.6.15)"
+    fi
+fi
+
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || { say "tflab needs Python 3.11+ ($PYTHON is older); set PYTHON=python3.11"; exit 1; }
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || { say "installing python3-venv"; apt_install python3-venv; }

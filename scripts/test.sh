@@ -9,5 +9,5 @@ pass() {  # pytest's 5 means "none of these tests were selected": not a failure 
     [ "$code" -eq 5 ] && code=0
     return "$code"
 }
-pass -m "not docker" -x -q -rs "$@" || exit $?
-pass -m docker -v -rs "$@"
+pass -m "not docker" -x -q -rs --durations=15 "$@" || exit $?
+pass -m docker -v -rs --durations=15 "$@"  # the 15 slowest tests, measured, at the end

@@ -103,13 +103,13 @@ SHORT = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={t
          "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=400")
 
 
-def test_two_terminals_the_seeds_way_ten_times_in_a_row(exec_lab: Path, docker_client) -> None:
-    """exec worker0 once; then worker0 and, 2 s later, worker1, ten times (it hung forever before)."""
+def test_two_terminals_the_seeds_way_six_times_in_a_row(exec_lab: Path, docker_client) -> None:
+    """exec worker0 once; then worker0 and, 2 s later, worker1, six times (it hung forever before)."""
     add_tasks(exec_lab, {"short": SHORT})
     first = Terminal(exec_lab, "worker0", "short")
     code, text = first.end(timeout=240)
     assert code == 0, text[-3000:]
-    for round_ in range(10):
+    for round_ in range(6):
         chief = Terminal(exec_lab, "worker0", "short")
         time.sleep(2)
         worker = Terminal(exec_lab, "worker1", "short")

@@ -4,6 +4,7 @@ set for one run and restored after it, however it ended (verdict, Ctrl-C, tflab 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -124,3 +125,46 @@ def test_an_interrupted_run_and_a_killed_tflab_leave_the_lab_as_it_was(knob_lab:
     assert status.exit_code == 0, status.stderr
     assert "run wait (pid " in status.stderr and "ended without restoring what its knobs changed" in status.stderr
     assert node_now(lab, "worker0") == before and node_now(lab, "worker2") == before
+
+
+# What TensorFlow decided as it was imported: TF_ENABLE_ONEDNN_OPTS is read once, then (IsMklEnabled caches it).
+ONEDNN = '''import argparse, os, socket, time
+import tensorflow as tf
+from tensorflow.python.util import _pywrap_util_port
+parser = argparse.ArgumentParser()
+parser.add_argument("--job_name")
+args = parser.parse_args()
+if args.job_name == "ps":
+    server = socket.socket()
+    server.bind(("0.0.0.0", 2222))
+    server.listen()
+    time.sleep(300)
+print("onednn=%s env=%s threads=%s" % (_pywrap_util_port.IsMklEnabled(), os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                                        os.environ.get("TF_NUM_INTRAOP_THREADS")), flush=True)
+'''
+
+
+def test_env_and_cpus_reach_the_program_as_a_cold_start_would(labs, runner) -> None:
+    """A warm interpreter imported TensorFlow before a run's --env was set: TF_ENABLE_ONEDNN_OPTS would be
+    ignored there (TensorFlow read it as it was imported). A run that sets variables starts its programs cold.
+
+    TensorFlow's default depends on the CPU (on with AVX-512, off without): the plain run tells it, and the
+    run with --env asks for the other."""
+    lab = labs.gen(nodes=2)
+    (lab / "code" / "onednn.py").write_text(ONEDNN)
+    add_tasks(lab, {"onednn": "python /workspace/onednn.py --job_name={job_name}"})
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    plain = runner.invoke(cli, ["run", "onednn", "--lab", str(lab)])
+    assert plain.exit_code == 0, plain.stdout[-2000:]
+    found = re.search(r"\[worker0\] onednn=(True|False) env=None", plain.stdout)
+    assert found, plain.stdout[-2000:]
+    default = found.group(1) == "True"
+    flipped = "0" if default else "1"
+    off = runner.invoke(cli, ["run", "onednn", "--env", f"TF_ENABLE_ONEDNN_OPTS={flipped}", "--lab", str(lab)])
+    assert off.exit_code == 0, off.stdout[-2000:]
+    assert f"[worker0] onednn={not default} env={flipped}" in off.stdout, off.stdout[-2000:]
+    assert "its programs start cold" in off.stdout.replace("\n", " ")
+    cpus = runner.invoke(cli, ["run", "onednn", "--cpus", "0.5", "--lab", str(lab)])
+    assert cpus.exit_code == 0, cpus.stdout[-2000:]
+    assert f"[worker0] onednn={default} env=None threads=1" in cpus.stdout, cpus.stdout[-2000:]
+    assert "its programs start cold" in cpus.stdout.replace("\n", " ")

@@ -14,6 +14,8 @@ import pytest
 from conftest import cli
 from test_docker_run import task_processes
 
+from tflab_guard.protocol import LEASE_S, STOP_GRACE_S
+
 from tflab.engine.containers import lab_containers
 from tflab.engine.executors import exec_quiet
 from tflab.host import labfiles
@@ -73,7 +75,10 @@ def test_kill_9_of_tflab_leaves_nothing_and_the_next_run_clears_leftovers(long_l
     read_until(child, "first step done")
     child.kill()
     child.wait()
-    assert gone_within(docker_client, lf.project, 10) == {}, "the processes must watch their connection to tflab"
+    killed = time.monotonic()
+    # tflab's lease lapses LEASE_S after its last renewal; the guards stop everything within the grace after.
+    assert gone_within(docker_client, lf.project, LEASE_S + STOP_GRACE_S + 5) == {}, "its lease must end them"
+    assert time.monotonic() - killed < LEASE_S + STOP_GRACE_S + 2, "README: within 15 s of tflab's death"
     # A leftover of an earlier run whose connection never closed is cleared by the next run of the task.
     worker1 = lab_containers(docker_client, lf.project)["worker1"]
     exec_quiet(docker_client, worker1, ["sh", "-c", "(sleep 600 | python3 /usr/local/share/tflab/guard.pyz run "
@@ -165,4 +170,52 @@ def test_ps_in_a_node_shows_the_training_programs_own_command_line(long_lab: Pat
     assert stat.split()[-1] == "python", stat  # what `top` shows, the CPU and memory of the program
     child.send_signal(signal.SIGINT)
     child.communicate(timeout=60)
+    assert gone_within(docker_client, lf.project, 10) == {}
+
+
+def test_the_guards_own_tests_beside_a_training_lab_leave_it_alone(long_lab: Path) -> None:
+    """Issue 35: the guard's unit tests, run on the host while a lab trained, failed the run with exit 137
+    (a stop matched guards by their argv in the host's /proc, the lab's included)."""
+    child = start_run(long_lab, "train")
+    read_until(child, "first step done")
+    beside = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             str(Path(__file__).parent / "test_guard.py"), "-k", "stop or reaches"],
+                            capture_output=True, text=True, timeout=300)
+    assert beside.returncode == 0, beside.stdout[-2000:]
+    rest, _ = child.communicate(timeout=300)
+    assert child.returncode == 0 and "137" not in rest, rest[-3000:]
+
+
+def test_a_signal_from_outside_tflab_is_named_as_such(long_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(long_lab)
+    child = start_run(long_lab, "long")
+    read_until(child, "[worker1] worker1: first step done")
+    worker1 = lab_containers(docker_client, lf.project)["worker1"]
+    _, pid = exec_quiet(docker_client, worker1, ["cut", "-d", " ", "-f", "1", "/run/tflab/run:long:worker1.pid"])
+    exec_quiet(docker_client, worker1, ["kill", "-KILL", pid.strip()])  # someone else's kill, not tflab's
+    rest, _ = child.communicate(timeout=120)
+    assert child.returncode == 1
+    assert "worker1 failed with exit code 137 (killed by SIGKILL from outside tflab)" in rest, rest[-3000:]
+    nodes = json.loads((lf.runs_dir / "long" / "run.json").read_text())["nodes"]
+    assert (nodes["worker1"]["exit_code"], nodes["worker1"]["signal"], nodes["worker1"]["reason"]) == \
+        (137, "SIGKILL", "outside")
+    assert nodes["worker1"]["said"] == "killed by SIGKILL from outside tflab"
+    assert (nodes["ps0"]["verdict"], nodes["ps0"]["reason"]) == ("stopped", "stopped"), nodes["ps0"]
+    assert gone_within(docker_client, lf.project, 10) == {}
+
+
+def test_a_stream_cut_mid_run_loses_nothing_and_the_run_goes_on_to_its_verdict(long_lab: Path, docker_client) -> None:
+    """The ssh sessions tflab's streams ride on are killed in a worker mid-run: the training goes on, tflab
+    attaches again and reads on; the verdict is the run's own."""
+    lf = labfiles.open_lab(long_lab)
+    child = start_run(long_lab, "train", "--via", "ssh")
+    read_until(child, "[worker1] worker1: first step done")
+    worker1 = lab_containers(docker_client, lf.project)["worker1"]
+    code, _ = exec_quiet(docker_client, worker1, ["pkill", "-KILL", "-f", "sshd: root@notty"])
+    assert code == 0, "the worker's ssh sessions were there to cut"
+    rest, _ = child.communicate(timeout=300)
+    assert child.returncode == 0, rest[-3000:]
+    assert "[worker1] worker1: done after" in rest, rest[-3000:]
+    log = (lf.runs_dir / "train" / "logs" / "worker1.log").read_text()
+    assert log.count("first step done") == 1, "no output read twice"
     assert gone_within(docker_client, lf.project, 10) == {}

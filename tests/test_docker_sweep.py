@@ -71,13 +71,17 @@ def test_a_sweep_runs_every_point_and_writes_what_it_found(sweep_lab: Path, runn
     # the report: the table, the plots, the limits, and the prediction with its measured error
     report = (folder / "report.md").read_text()
     assert "![examples-by-workers](examples-by-workers.png)" in report and "## What limited each run" in report
-    assert "t = c + β·N/B; steps/s = N / t" in report and "| 6 | unshaped |" in report and "**predicted**" in report
+    assert "t = a + ‖c/s_w, κ·N/s_ps, β·N/B‖₄; steps/s = N / t" in report and "| 6 workers at unshaped, " in report
+    assert "**predicted**" in report
     # the stand-in follows the model (t = 0.03 + 0.01 N): its prediction for 6 workers, and the error it states
-    match = re.search(r"predicted by the cost model \(parameter servers; env.BATCH=16\): 6 workers at unshaped: "
-                      r"([\d.]+) examples/s; its leave-one-out error on the measured points: (\d+)%", " ".join(out.split()))
+    match = re.search(r"predicted by the cost model \(parameter servers; env.BATCH=16\): 6 workers at unshaped, "
+                      r"[\d.]+ CPU a worker, [\d.]+ CPU a ps: ([\d.]+) examples/s \(([a-z-]+)\); its leave-one-out "
+                      r"error on the measured points: (\d+)%", " ".join(out.split()))
     assert match, out
     assert float(match.group(1)) == pytest.approx(16 * 6 / (0.03 + 0.01 * 6), rel=0.4)
-    assert int(match.group(2)) < 30
+    assert int(match.group(3)) < 30
+    predictions = json.loads((folder / "predictions.json").read_text())
+    assert {p["workers"] for p in predictions if p["kind"] == "predicted"} == {6} and predictions[0]["dominant"]
     # HParams, read back as TensorBoard reads them
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
     from tensorboard.plugins.hparams import plugin_data_pb2

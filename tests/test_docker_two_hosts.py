@@ -78,7 +78,16 @@ def engines_hold_nothing(walk: Walk, client, project: str) -> None:
     assert client.services.list(filters=label) == []
     assert client.containers.list(all=True, filters=label) == []
     assert client.networks.list(filters=label) == []
-    assert walk.in_b("ps", "-aq", "--filter", f"label=com.docker.stack.namespace={project}").split() == []
+    assert [t for t in client.api.tasks()
+            if t["Spec"]["ContainerSpec"].get("Labels", {}).get("com.docker.stack.namespace") == project] == []
+    # Its tasks are gone from the swarm: host b's agent removes the containers it shut down a moment later.
+    on_b = []
+    for _ in range(20):
+        on_b = walk.in_b("ps", "-aq", "--filter", f"label=com.docker.stack.namespace={project}").split()
+        if not on_b:
+            break
+        time.sleep(0.5)
+    assert on_b == []
     assert project not in walk.in_b("network", "ls", "--format", "{{.Name}}")
 
 

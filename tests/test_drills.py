@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tflab.errors import UserError
@@ -124,6 +126,16 @@ def test_a_killed_worker_not_coming_back_is_done_without() -> None:
     feed(machine, [Printed("worker0", 6.0, 60), Injected(0, 6.1, "killed worker2"), Exited("worker2", None, 6.2)])
     actions = feed(machine, [Exited("worker0", 0, 20.0), Exited("worker1", 0, 21.0)])
     assert Finish(0, "ok", None) in actions and machine.nodes["worker2"].verdict == "killed"
+
+
+def test_a_drills_signal_is_tflabs_own_not_one_from_outside() -> None:
+    """The guard sees a signal it did not send; the machine knows the drill sent it: run.json says stopped."""
+    machine = started(ps_plan("kill worker2 at step 50", expect="survive"))
+    feed(machine, [Printed("worker0", 6.0, 60), Injected(0, 6.1, "killed worker2"),
+                   Exited("worker2", 137, 6.2, "killed by SIGKILL from outside tflab", "SIGKILL", "outside")])
+    node = machine.nodes["worker2"]
+    assert (node.verdict, node.signal, node.ended_by, node.reason) == ("killed", "SIGKILL", "stopped",
+                                                                      "by the drill (kill worker2)")
 
 
 def test_a_drill_expected_to_fail_that_fails_is_ok_and_one_that_survives_is_not() -> None:
@@ -250,10 +262,11 @@ def test_the_injector_refuses_a_cpu_share_beyond_the_nodes_cpus_before_the_engin
 
     monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
     assert runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2"]).exit_code == 0
+    path = tmp_path / "lab" / "tflab.yaml"  # a host of 3 CPUs as gen recorded it: worker0 gets one of them, whatever this machine has
+    path.write_text(re.sub(r"(?m)^(host:\n  cpus: ).*$", r"\g<1>0-2", path.read_text()).replace("'0': 0-1", "'0': 0-2"))
     lf = labfiles.open_lab(tmp_path / "lab")
     injector = FaultInjector(lf, client=None, executor_for=None, ssh_target=None)
-    most = len(lf.lab.node("worker0").share.cpuset) or len(lf.config.host.cpus)
-    with pytest.raises(UserError, match=rf"cpu worker0 64: worker0 runs on .*so it cannot have more than {most} CPU"):
+    with pytest.raises(UserError, match=r"cpu worker0 64: worker0 runs on its 1 pinned CPU, so it cannot have more than 1 CPU"):
         injector.check(parse("cpu worker0 64", ("ps0", "worker0"), timed=False))
     with pytest.raises(UserError, match="changes a node's network, which needs the NET_ADMIN capability"):
         injector.check(parse("slow worker0 10mbit", ("ps0", "worker0"), timed=False))

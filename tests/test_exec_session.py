@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import fakeguard
 from tflab.run import history
 from tflab.run.exec_session import ExecSession, ExecSetup
 from tflab.run.history import ExecRecords
@@ -25,14 +26,15 @@ class FakeProcess:
 
     def _run(self) -> None:
         lines, code, delay, on_output, on_exit = self.args
+        self.code = code
         try:
             for line in lines:
                 on_output(f"{line}\n".encode(), False)
             if self.closed.wait(delay):
-                code = 143
+                self.code = 143
         finally:
             self.ended.set()
-            on_exit(code, None)
+            on_exit(self.code, None)
 
     def release(self) -> None:
         pass
@@ -62,7 +64,7 @@ class FakeNodes:
             self.calls.append((time.monotonic(), node, verb))
         return verb
 
-    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace", renew=False, resume=None):
         if self.note(node, argv) == "hold":
             def holding() -> None:
                 time.sleep(self.hold_delay)
@@ -78,8 +80,10 @@ class FakeNodes:
         verb = self.note(node, argv)
         if verb == "alive":
             return (0, "") if node in self.serving else (1, "")
-        if verb == "held":
+        if verb == "holders":
             return (1, "")
+        if verb == "ended":
+            return fakeguard.ended(self.node_process.code, self.node_process.closed.is_set())
         return 0, ""
 
     def spawn(self, node, argv, env=None, workdir="/"):
@@ -200,7 +204,7 @@ def test_a_failed_chief_exec_ends_a_waiting_workers_exec_at_once(tmp_path: Path)
 class Frozen(FakeNodes):
     """A paused node: its process ignores the guard's stop, and killing it by force fails too."""
 
-    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace", renew=False, resume=None):
         process = super().start(node, argv, on_output, on_exit, env, workdir)
         if argv[2] != "hold":
             process.close = lambda: None  # frozen: never ends

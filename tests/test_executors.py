@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from tflab.engine.executors import GO, STOP, writable
+from tflab.engine.attached import GO, STOP
+from tflab.engine.executors import writable
 
 
 def test_a_read_only_socket_file_of_the_sdk_can_still_be_written_to() -> None:

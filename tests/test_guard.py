@@ -7,16 +7,23 @@ Python of TensorFlow 1.15's images) where it is installed.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import missing
+
+from tflab_guard import leases
+from tflab_guard.protocol import Ending
 
 from tflab.render.image_files import guard_zipapp
 
+LEASE_S = 2.0  # the lease these tests give the guard (a node's is 10 s)
 OLD_PYTHONS = [Path.home() / ".pyenv" / "versions" / "3.6.15" / "bin" / "python3.6"]
 
 
@@ -33,7 +40,8 @@ def python(request) -> Path:
         return Path(sys.executable)
     found = old_python()
     if found is None:
-        pytest.skip("no Python 3.6 on this machine (pyenv's 3.6 runs the guard as TensorFlow 1.15's images would)")
+        missing("no Python 3.6 on this machine: README promises nodes on Python 3.6 (TensorFlow 1.15's images), so the "
+                "guard runs under it here (`pyenv install 3.6.15`)")
     return found
 
 
@@ -54,7 +62,8 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def env(python: Path, state: Path) -> dict[str, str]:
     """The environment of a node whose `python` is the interpreter under test (and whose state folder is `state`)."""
-    return {**os.environ, "PATH": f"{python.parent}:{os.environ['PATH']}", "TFLAB_GUARD_STATE": str(state)}
+    return {**os.environ, "PATH": f"{python.parent}:{os.environ['PATH']}", "TFLAB_GUARD_STATE": str(state),
+            "TFLAB_GUARD_LEASE_S": str(LEASE_S)}
 
 
 @pytest.fixture
@@ -119,6 +128,18 @@ def running(pid: int) -> bool:
         return False
 
 
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def cmdline(pid: int) -> str:
     """What `ps -ef` shows for `pid`."""
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
@@ -145,12 +166,12 @@ def fake_tensorflow(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
 
 def test_a_held_process_starts_on_go_and_passes_its_exit_code(guard, state: Path, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    child = guard("run", "k:held", "--held", "--shell", f"touch {marker}; echo done; exit 7")
+    child = guard("run", "k:held", "--wait-for-go", "--shell", f"touch {marker}; echo done; exit 7")
     time.sleep(0.5)
     assert not marker.exists(), "a held process must not start before go"
     out = released(child)
     assert child.returncode == 7 and out == "done\n" and marker.exists()
-    assert (state / "k:held.exit").read_text() == "7\n"
+    assert Ending.from_json((state / "k:held.exit").read_text()) == Ending(7, None, "exited")
 
 
 def test_a_line_that_sets_variables_runs_as_a_shell_would_run_it(guard) -> None:
@@ -163,7 +184,7 @@ def test_a_missing_program_exits_127_with_a_sentence(guard, state: Path) -> None
     out = released(child)
     assert child.returncode == 127
     assert out == "tflab: pyhton: command not found on the node's PATH (exit 127)\n"
-    assert (state / "k:typo.exit").read_text() == "127\n"
+    assert Ending.from_json((state / "k:typo.exit").read_text()) == Ending(127, None, "refused")
     child = guard("run", "k:path", "--shell", "/workspace/nowhere.sh")
     assert released(child) == "tflab: /workspace/nowhere.sh: no such file (exit 127)\n" and child.returncode == 127
 
@@ -179,20 +200,79 @@ def test_an_unbalanced_quote_and_the_shells_own_words_run_as_a_shell_runs_them(g
     assert released(child) == "" and child.returncode == 0
 
 
-def test_a_stop_line_or_the_end_of_the_connection_stops_the_whole_group(guard, state: Path) -> None:
-    for how in ("stop", "close"):
-        child = guard("run", f"k:{how}", "--grace", "0.5", "--shell", "trap '' TERM; sleep 300 & sleep 300 & wait")
-        assert wait_for(lambda: (state / f"k:{how}.pid").exists())
-        pgid = int((state / f"k:{how}.pid").read_text().split()[0])
-        started = time.monotonic()
-        if how == "stop":
-            child.stdin.write("stop\n")  # what tflab says to stop it
+def test_a_stop_line_stops_the_whole_group_and_the_end_of_the_connection_does_not(guard, state: Path) -> None:
+    child = guard("run", "k:stop", "--grace", "0.5", "--shell", "trap '' TERM; sleep 300 & sleep 300 & wait")
+    assert wait_for(lambda: (state / "k:stop.pid").exists())
+    pgid = int((state / "k:stop.pid").read_text().split()[0])
+    started = time.monotonic()
+    child.stdin.write("stop\n")  # what tflab says to stop it
+    child.stdin.flush()
+    assert child.wait(timeout=10) == 137  # it ignored SIGTERM: SIGKILL after the grace
+    assert time.monotonic() - started < 5
+    assert wait_for(lambda: not live_members(pgid), 5), live_members(pgid)
+    assert Ending.from_json((state / "k:stop.exit").read_text()) == Ending(137, "SIGKILL", "stopped")
+
+    # The end of the connection is no lifeline: renewed leases keep it; unrenewed, the lease lapses.
+    child = guard("run", "k:close", "--grace", "0.5", "--shell", "sleep 300 & sleep 300 & wait")
+    assert wait_for(lambda: (state / "k:close.pid").exists())
+    pgid = int((state / "k:close.pid").read_text().split()[0])
+    child.stdin.close()  # what happens when tflab dies, or a stream breaks
+    closed = time.monotonic()
+    time.sleep(LEASE_S / 2)
+    assert child.poll() is None and live_members(pgid), "a closed connection alone stops nothing"
+    assert child.wait(timeout=LEASE_S + 5) == 143
+    assert LEASE_S - 0.5 < time.monotonic() - closed < LEASE_S + 2
+    assert wait_for(lambda: not live_members(pgid), 5), live_members(pgid)
+    assert Ending.from_json((state / "k:close.exit").read_text()) == Ending(143, "SIGTERM", "lease")
+
+
+def test_a_frozen_node_is_not_a_dead_tflab(guard, state: Path) -> None:
+    """A `pause` drill freezes a node's guard with its program while tflab renews on: thawed, it runs on."""
+    child = guard("run", "k:frozen", "--grace", "0.5", "--shell", "sleep 300")
+    assert wait_for(lambda: (state / "k:frozen.pid").exists())
+    pgid = int((state / "k:frozen.pid").read_text().split()[0])
+    renewing = threading.Event()
+
+    def renew() -> None:  # what tflab does every second, frozen node or not
+        while not renewing.wait(0.3):
+            child.stdin.write("renew\n")
             child.stdin.flush()
-        else:
-            child.stdin.close()  # what happens when tflab dies
-        assert child.wait(timeout=10) == 137
-        assert time.monotonic() - started < 5
-        assert wait_for(lambda: not live_members(pgid), 5), live_members(pgid)
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        for pid in (child.pid, pgid):
+            os.killpg(pid, signal.SIGSTOP) if pid == pgid else os.kill(pid, signal.SIGSTOP)
+        time.sleep(2 * LEASE_S)  # longer than the lease: the holder file ages, renewals queue
+        os.kill(child.pid, signal.SIGCONT)
+        os.killpg(pgid, signal.SIGCONT)
+        time.sleep(1.5)
+        assert child.poll() is None and live_members(pgid), "a thawed guard stopped its program for a lapse"
+    finally:
+        renewing.set()
+        renewer.join()
+    child.stdin.write("stop\n")
+    child.stdin.flush()
+    assert child.wait(timeout=10) == 143
+    assert Ending.from_json((state / "k:frozen.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
+
+
+def test_a_look_at_a_lease_after_a_freeze_waits_for_the_renewals_that_queued() -> None:
+    now = [100.0]
+    fresh = []
+    watch = leases.Watch("l", clock=lambda: now[0], fresh=lambda _lease: list(fresh))
+    assert watch.lapsed()  # nobody holds it and this process ran all along: lapsed
+    now[0] += 0.1
+    fresh.append("h")
+    assert not watch.lapsed()
+    fresh.clear()
+    now[0] += leases.FROZEN_S + 10  # frozen: nothing was read meanwhile
+    assert not watch.lapsed()
+    for _ in range(5):
+        now[0] += 0.5
+        assert not watch.lapsed()  # still reading what queued
+    now[0] += 0.5
+    assert watch.lapsed()  # three renewals' time and still none: tflab is gone
 
 
 def test_preload_imports_tensorflow_while_held_then_runs_the_program_as_main(guard, python: Path, env,
@@ -207,7 +287,7 @@ def test_preload_imports_tensorflow_while_held_then_runs_the_program_as_main(gua
         "print(open('/proc/%d/cmdline' % os.getpid(), 'rb').read().rstrip(b'\\0').decode())\n"
         "sys.exit(3)\n"
     )
-    child = guard("run", "k:pre", "--held", "--preload", "--shell", f"{python.name} {program} --job_name=worker x",
+    child = guard("run", "k:pre", "--wait-for-go", "--preload", "--shell", f"{python.name} {program} --job_name=worker x",
                   env=env)
     assert wait_for((tmp_path / "imported").exists), "TensorFlow is imported while the process is held"
     out = released(child).splitlines()
@@ -230,20 +310,21 @@ def test_probe_waits_for_a_port_and_tells_an_ended_server(verb, state: Path) -> 
 
 def test_a_shared_server_lives_while_someone_holds_it(guard, verb, python: Path, zipapp: Path, env, state: Path,
                                                       tmp_path: Path) -> None:
-    holder = guard("hold", "exec:train")
+    holder = guard("hold", "exec:train", "exec-1")
     assert holder.stdout.readline() == "holding\n"
     server = subprocess.Popen([str(python), str(zipapp), "serve", "k:served", "--lease", "exec:train",
                                "--log", str(tmp_path / "logs" / "ps0.log"), "--shell", "echo up; sleep 300"], env=env)
     assert wait_for(lambda: (state / "k:served.pid").exists())
-    assert verb("held", "exec:train") == 0
+    assert verb("holders", "exec:train") == 0
     time.sleep(1)
     assert server.poll() is None
     holder.stdin.write("stop\n")
     holder.stdin.flush()
     holder.wait(timeout=5)
-    assert verb("held", "exec:train") == 1
-    assert server.wait(timeout=20) != 0  # stopped: nobody holds it any more
+    assert verb("holders", "exec:train") == 1
+    assert server.wait(timeout=20) == 143  # stopped: nobody holds it any more
     assert (tmp_path / "logs" / "ps0.log").read_text() == "up\n"
+    assert Ending.from_json((state / "k:served.exit").read_text()) == Ending(143, "SIGTERM", "lease")
 
 
 def test_stop_clears_what_an_earlier_run_left_and_only_that(guard, verb, state: Path) -> None:
@@ -254,10 +335,13 @@ def test_stop_clears_what_an_earlier_run_left_and_only_that(guard, verb, state: 
     # Stopped means gone, the guards that ran them included (at most a zombie awaiting our wait).
     assert [child.pid for child in leftovers if running(child.pid)] == []
     for child in leftovers:
-        assert child.wait(timeout=10) in (143, 137)
+        assert child.wait(timeout=10) == 143  # sleep ends at SIGTERM
     assert other.poll() is None, "a task whose name starts like another's is not swept with it"
     assert sorted(p.name for p in state.glob("*.pid")) == ["run:train.v2:worker0.pid"]
-    other.stdin.close()
+    for i in range(2):
+        assert Ending.from_json((state / f"run:train:worker{i}.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
+    other.stdin.write("stop\n")
+    other.stdin.flush()
     other.wait(timeout=10)
 
 
@@ -271,7 +355,7 @@ def test_two_stops_at_once_both_finish_cleanly(python: Path, zipapp: Path, env, 
                  for _ in range(2)]
         results = [(s.wait(timeout=60), s.stderr.read()) for s in stops]
         assert results == [(0, ""), (0, "")]
-        assert not list(state.glob(f"run:t{round_}:*"))
+        assert len(list(state.glob(f"run:t{round_}:*.exit"))) == 300, "how they ended is kept for tflab to read"
 
 
 def test_a_warm_standby_becomes_the_program_with_its_environment_output_and_title(
@@ -284,7 +368,7 @@ def test_a_warm_standby_becomes_the_program_with_its_environment_output_and_titl
     program.write_text(
         "import os, sys\nimport tensorflow\n"
         "print(os.getpid(), tensorflow.IMPORTED_IN, os.environ['ONLY_HERE'], os.getcwd(), sys.argv[1:], __name__,"
-        " sep='|')\n"
+        " os.getppid(), sep='|')\n"
         "print(open('/proc/%d/cmdline' % os.getpid(), 'rb').read().rstrip(b'\\0').decode(), flush=True)\n"
         "sys.stderr.write('to stderr\\n')\nsys.exit(5)\n"
     )
@@ -294,13 +378,15 @@ def test_a_warm_standby_becomes_the_program_with_its_environment_output_and_titl
                   env={**env, "ONLY_HERE": "task-env"}, cwd=cwd)
     out = released(child)
     assert child.returncode == 5
-    lines = out.splitlines()
-    pid, imported, only, where, argv, name = lines[0].split("|")
-    assert pid == imported == str(standby.pid), "the program ran in the standby, TensorFlow imported before"
+    lines = [line for line in out.splitlines() if line != "to stderr"]  # stdout and stderr are two streams
+    assert "to stderr" in out.splitlines()
+    pid, imported, only, where, argv, name, parent = lines[0].split("|")
+    assert pid == imported, "the program ran in the standby, TensorFlow imported before"
+    assert parent == str(standby.pid), "the standby's owner is its parent"
     assert (only, where, argv, name) == ("task-env", str(cwd), "['a', 'b c']", "__main__")
     assert lines[1] == f"{python.name} {program} a 'b c'", "ps shows the program, not tflab's standby"
-    assert lines[2] == "to stderr"
-    assert standby.wait(timeout=10) == 5
+    assert standby.wait(timeout=10) == 0  # the owner: it waited on the program and recorded its end
+    assert Ending.from_json((tmp_path / "state" / "run:t:worker0.exit").read_text()) == Ending(5, None, "exited")
     assert verb("warm", env=env) == 2  # used up: none there
 
 
@@ -314,7 +400,7 @@ def test_one_standby_per_node_and_one_claimant_gets_it(guard, verb, python: Path
     assert wait_for(lambda: sum(s.poll() is None for s in standbys) == 1), "the others left at once"
     (kept,) = [s.pid for s in standbys if s.poll() is None]
     program = tmp_path / "prog.py"
-    program.write_text(f"import os, time\nimport tensorflow\ntime.sleep(1)\nprint(os.getpid() == {kept})\n")
+    program.write_text(f"import os, time\nimport tensorflow\ntime.sleep(1)\nprint(os.getppid() == {kept})\n")
     children = [guard("run", f"run:t:worker{i}", "--warm", "--shell", f"{python.name} {program}", env=env)
                 for i in range(3)]
     outputs = [ended(child) for child in children]
@@ -334,10 +420,12 @@ def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(gua
     program.write_text("import time\nimport tensorflow\nprint('up', flush=True)\ntime.sleep(300)\n")
     child = guard("run", "run:t:worker2", "--warm", "--grace", "0.5", "--shell", f"{python.name} {program}", env=env)
     assert child.stdout.readline() == "up\n"
-    assert cmdline(standby.pid) == f"{python.name} {program}"
-    child.stdin.close()  # tflab goes away
-    assert child.wait(timeout=10) != 0
-    assert standby.wait(timeout=10) != 0
+    (warm,) = children_of(standby.pid)
+    assert cmdline(warm) == f"{python.name} {program}"
+    child.stdin.close()  # tflab goes away: its lease lapses
+    assert child.wait(timeout=LEASE_S + 10) == 143
+    assert standby.wait(timeout=10) == 0 and not running(warm)
+    assert Ending.from_json((tmp_path / "state" / "run:t:worker2.exit").read_text()) == Ending(143, "SIGTERM", "lease")
 
 
 def test_the_zipapp_is_the_same_bytes_every_time() -> None:
@@ -354,7 +442,7 @@ def test_a_failing_program_in_the_warm_interpreter_shows_its_own_traceback(guard
     program.write_text("import tensorflow\n\ndef main():\n    raise ValueError('bad input')\n\nmain()\n")
     child = guard("run", "run:t:worker0", "--warm", "--shell", f"{python.name} {program}", env=env)
     out = released(child)
-    assert child.returncode == 1 and standby.wait(timeout=10) == 1
+    assert child.returncode == 1 and standby.wait(timeout=10) == 0
     lines = out.splitlines()
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[1].startswith(f'  File "{program}", line 6'), "the program's own frames, none of the guard's"
@@ -377,3 +465,170 @@ def test_a_nodes_traffic_is_counted_once_on_a_shaped_link(tmp_path: Path) -> Non
         "  eth0: 1000000    900    0    0    0     0          0         0  2000000    800    0    0    0     0       0          0\n"
         "  tfi0:  990000    880    0    0    0     0          0         0   990000    880    0    0    0     0       0          0\n")
     assert metrics.net_sample(str(dev)) == (1000000, 2000000)
+
+
+# -- how a process ends, warm and cold (issue 35: the table of endings) ----------------------------------
+
+ENDING_PROGRAM = """import os, signal, sys, time
+import tensorflow
+print(os.getpid(), flush=True)
+how = sys.argv[1]
+if how == "exit3":
+    sys.exit(3)
+if how == "os_exit3":
+    os._exit(3)
+if how == "raise":
+    raise ValueError("bad input")
+if how == "segv":
+    import ctypes
+    ctypes.string_at(0)
+if how == "abort":
+    os.abort()
+time.sleep(300)
+"""
+# (how the program ends, who signals it: "outside" (a kill from outside tflab), "tflab" (a stop), or nobody)
+ENDINGS = {
+    "exit3": (None, Ending(3, None, "exited")),
+    "os_exit3": (None, Ending(3, None, "exited")),
+    "raise": (None, Ending(1, None, "exited")),
+    "segv": (None, Ending(139, "SIGSEGV", "crashed")),
+    "abort": (None, Ending(134, "SIGABRT", "crashed")),
+    "term_outside": ("SIGTERM", Ending(143, "SIGTERM", "outside")),
+    "kill_outside": ("SIGKILL", Ending(137, "SIGKILL", "outside")),
+    "stopped": ("stop", Ending(143, "SIGTERM", "stopped")),
+}
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("how", sorted(ENDINGS))
+def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, python: Path, zipapp: Path, env, state: Path,
+                                                      tmp_path: Path, how: str, warm: bool) -> None:
+    import signal
+
+    env = fake_tensorflow(tmp_path, env)
+    program = tmp_path / "ending.py"
+    program.write_text(ENDING_PROGRAM)
+    standby = None
+    if warm:
+        standby = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_for(lambda: verb("warm", env=env) == 0)
+    sender, expected = ENDINGS[how]
+    child = guard("run", "run:t:worker0", *(["--warm"] if warm else []), "--grace", "2", "--shell",
+                  f"{python.name} {program} {how}", env=env, stderr=subprocess.DEVNULL)
+    pid = int(child.stdout.readline())
+    if sender is not None:  # (the others may have ended already)
+        owner = standby.pid if standby is not None else child.pid
+        assert pid in children_of(owner), "the program is its owner's child (the standby's owner, or its guard)"
+    if sender == "stop":
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+    elif sender is not None:
+        os.kill(pid, getattr(signal, sender))
+    assert child.wait(timeout=20) == expected.code
+    assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == expected
+    if standby is not None:
+        assert standby.wait(timeout=10) == 0
+
+
+def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, python: Path, zipapp: Path, env,
+                                                               state: Path) -> None:
+    child = guard("run", "run:t:worker1", "--shell", "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.3; done; exit 7",
+                  stderr=subprocess.DEVNULL)
+    first = child.stdout.readline()
+    assert first == "line 1\n"
+    child.stdout.close()  # the stream breaks (dockerd closed it, an ssh session died): the guard's writes fail
+    for _ in range(3):
+        child.stdin.write("renew\n")  # tflab is still there
+        child.stdin.flush()
+        time.sleep(0.5)
+    again = subprocess.run([str(python), str(zipapp), "attach", "run:t:worker1", "--out", str(len(first))],
+                           input="renew\n", capture_output=True, universal_newlines=True, env=env, timeout=30)
+    assert again.stdout == "".join(f"line {i}\n" for i in range(2, 7)), "the rest of its output, once"
+    assert again.returncode == 7 and child.wait(timeout=10) == 7, "it ran to its own end"
+    assert Ending.from_json((state / "run:t:worker1.exit").read_text()) == Ending(7, None, "exited")
+    assert not list((state / "out").iterdir()), "the kept output goes once it reached tflab"
+
+
+def test_a_stop_reaches_only_what_this_nodes_guards_started(guard, verb, python: Path, zipapp: Path, env,
+                                                            state: Path, tmp_path: Path) -> None:
+    """The unit tests once killed a running lab's training (a stop matched guards by their argv in /proc)."""
+    lookalike = tmp_path / "elsewhere" / "guard.pyz"
+    lookalike.parent.mkdir()
+    lookalike.write_text("import time\ntime.sleep(60)\n")
+    decoy = subprocess.Popen([str(python), str(lookalike), "run", "run:train:worker0", "--shell", "python3 x.py"])
+    other_lab = {**env, "TFLAB_GUARD_STATE": str(tmp_path / "other-lab")}
+    theirs = guard("run", "run:train:worker0", "--shell", "sleep 60", env=other_lab)
+    ours = guard("run", "run:train:worker1", "--shell", "sleep 60")
+    assert wait_for(lambda: (state / "run:train:worker1.pid").exists())
+    assert wait_for(lambda: (tmp_path / "other-lab" / "run:train:worker0.pid").exists())
+    assert verb("stop", "run:train:*", "--grace", "0.5") == 0
+    assert ours.wait(timeout=10) == 143
+    time.sleep(0.5)
+    assert decoy.poll() is None, "a process that merely looks like a guard is not touched"
+    assert theirs.poll() is None, "another lab's (another state's) process is not touched"
+    for child in (decoy, theirs):
+        child.kill()
+        child.wait()
+
+
+def test_the_fakes_answer_ended_as_the_real_guard_does(guard, verb, python: Path, zipapp: Path, env,
+                                                       state: Path) -> None:
+    """The host-side tests' fake nodes (tests/fakeguard.py) answer `ended` as guard.pyz does, for each scenario
+    they play: a program that exits with its code, and one tflab stops."""
+    import fakeguard
+
+    exits = guard("run", "k:exits", "--shell", "exit 7")
+    assert exits.wait(timeout=10) == 7
+    stopped = guard("run", "k:stopped", "--shell", "sleep 60")
+    assert wait_for(lambda: (state / "k:stopped.pid").exists())
+    stopped.stdin.write("stop\n")
+    stopped.stdin.flush()
+    assert stopped.wait(timeout=10) == 143
+    for key, code, was_stopped in (("k:exits", 7, False), ("k:stopped", 143, True)):
+        real = subprocess.run([str(python), str(zipapp), "ended", key], capture_output=True,
+                              universal_newlines=True, env=env, timeout=30)
+        assert (real.returncode, real.stdout) == fakeguard.ended(code, was_stopped)
+    real = subprocess.run([str(python), str(zipapp), "ended", "k:never"], capture_output=True,
+                          universal_newlines=True, env=env, timeout=30)
+    assert (real.returncode, real.stdout) == fakeguard.ended(None, False)
+
+
+OLD_GUARDS_ANSWER = (2, "usage: tflab-guard [-h]\n                   {run,serve,hold,standby,warm,held,probe,alive,"
+                        "metrics,ended,stop}\n                   ...\ntflab-guard: error: unrecognized arguments: "
+                        "--protocol 2\n")  # the guard before protocol 2, asked to stop (its real answer)
+
+
+def test_a_node_with_an_older_guard_is_told_to_run_up() -> None:
+    from tflab.engine import guardcmd
+    from tflab.errors import UserError
+
+    assert "--protocol" in guardcmd.stop(["run:t:*"])
+    with pytest.raises(UserError, match=r"older tflab guard.*`tflab up`"):
+        guardcmd.check_stopped(OLD_GUARDS_ANSWER)
+    guardcmd.check_stopped((0, ""))
+
+
+def test_a_stop_that_forgets_leaves_no_ending_to_answer_for_the_next_run(guard, verb, state: Path) -> None:
+    """A soak found it: the last run's ps ending, still recorded, answered the next run's probe ('ended before
+    serving'), and a healthy run failed with 'ps0 did not serve'. A run's first clear forgets them."""
+    child = guard("run", "run:t:ps0", "--shell", "exit 3")
+    assert child.wait(timeout=10) == 3
+    assert verb("probe", "127.0.0.1:9", "--key", "run:t:ps0", "--timeout", "5") == 3  # kept: tflab reads it
+    assert verb("stop", "run:t:*", "--force") == 0 and (state / "run:t:ps0.exit").exists()
+    assert verb("stop", "run:t:*", "--force", "--forget") == 0
+    assert not (state / "run:t:ps0.exit").exists()
+    assert verb("probe", "127.0.0.1:9", "--key", "run:t:ps0", "--timeout", "0.5") == 4
+
+
+def test_each_ending_in_words() -> None:
+    assert Ending(3).sentence() == "exited with 3"
+    assert Ending(127, None, "refused").sentence() == "could not be started (exit 127)"
+    assert Ending(139, "SIGSEGV", "crashed").sentence() == "crashed with SIGSEGV"
+    assert Ending(137, "SIGKILL", "outside").sentence() == "killed by SIGKILL from outside tflab"
+    assert Ending(143, "SIGTERM", "stopped").sentence() == "stopped by tflab with SIGTERM"
+    assert Ending(143, "SIGTERM", "lease").sentence() == \
+        "stopped with SIGTERM when tflab's lease lapsed: tflab was gone"
+    assert Ending(137, "SIGKILL", "oom").sentence() == "killed by the kernel's out-of-memory killer (SIGKILL)"
+    assert Ending.from_json(Ending(139, "SIGSEGV", "crashed").to_json()) == Ending(139, "SIGSEGV", "crashed")
+    assert Ending.from_json("137 oom") is None, "an older guard's answer is no record"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import fakeguard
 from tflab.engine import guardcmd
 from tflab.plan.config import Task
 from tflab.plan.tasks import servers_for_exec, start_order
@@ -32,18 +33,19 @@ class FakeProcess:
 
     def _run(self) -> None:
         lines, code, delay, on_output, on_exit, hang = self.args
+        self.code = code
         try:
             while not self.released.wait(0.01):
                 if self.closed.is_set():
-                    code = 143
+                    self.code = 143
                     return
             for line in lines:
                 on_output(f"{line}\n".encode(), False)
             if self.closed.wait(delay if not hang else 3600):
-                code = 143
+                self.code = 143
         finally:
             self.ended.set()
-            on_exit(code, None)
+            on_exit(self.code, None)
 
     def release(self) -> None:
         self.released.set()
@@ -68,7 +70,7 @@ class FakeExecutor:
         self.spawned: list[tuple[str, list[str]]] = []
         self.lock = threading.Lock()
 
-    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace"):
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace", renew=False, resume=None):
         if node in self.broken_start:
             from tflab.errors import EngineError
 
@@ -76,7 +78,7 @@ class FakeExecutor:
         lines, code, delay, hang = self.scripts[node]
         with self.lock:
             self.commands.append((node, list(argv)))
-        process = FakeProcess(lines, code, delay, "--held" in argv, on_output, on_exit, hang)
+        process = FakeProcess(lines, code, delay, "--wait-for-go" in argv, on_output, on_exit, hang)
         self.processes[node] = process
         return process
 
@@ -85,6 +87,9 @@ class FakeExecutor:
             self.commands.append((node, list(argv)))
         if "probe" in argv:
             return (0, "") if self.serving else (4, "")
+        if argv[2] == "ended" and node in self.processes:
+            process = self.processes[node]
+            return fakeguard.ended(process.code, process.closed.is_set())
         if "stop" in argv and node in self.processes:
             self.processes[node].close()
         return 0, ""
@@ -161,12 +166,12 @@ def test_the_result_is_the_chiefs_own_last_line_not_an_error_tensorflow_logs_at_
     assert result.result_line == "I1124 21:59:01.000000 140 train.py:80] test accuracy 0.98"
 
 
-def test_workers_start_held_with_preload_and_the_sweeps_clear_the_task(tmp_path: Path) -> None:
+def test_workers_start_held_with_preload_and_the_clears_clear_the_task(tmp_path: Path) -> None:
     launcher, executor = launch(tmp_path, ok_scripts())
     launcher.execute()
     starts = {node: argv for node, argv in executor.commands if "run" in argv and "--shell" in argv}
-    assert "--held" in starts["worker1"] and "--preload" in starts["worker1"] and "--warm" in starts["worker1"]
-    assert "--held" not in starts["ps0"] and "--warm" in starts["ps0"]
+    assert "--wait-for-go" in starts["worker1"] and "--preload" in starts["worker1"] and "--warm" in starts["worker1"]
+    assert "--wait-for-go" not in starts["ps0"] and "--warm" in starts["ps0"]
     assert starts["worker1"][-1] == "python t.py --node worker1"
     sweeps = [(node, argv[argv.index("stop") + 1]) for node, argv in executor.commands if "stop" in argv]
     assert sorted(node for node, _ in sweeps) == sorted(LAB.names * 2)  # before and after
@@ -260,3 +265,21 @@ def test_waiting_for_the_standbys_ends_at_a_ctrl_c() -> None:
     ready = guardcmd.wait_warm(Importing(), ["ps0", "worker0"], timeout_s=60.0,  # type: ignore[arg-type]
                                given_up=lambda: clock.monotonic() > stop_at)
     assert ready is False and clock.monotonic() - began < 2.0 and Importing.asked >= 2
+
+
+def test_the_quality_a_chief_prints_is_kept_as_numbers_with_its_times(tmp_path: Path) -> None:
+    """Issue 37: accuracy and loss read as the steps are, into run.json's quality and quality_series."""
+    from tflab.run.history import quality_of
+
+    scripts = ok_scripts()
+    scripts["worker0"] = (["worker0: global step 100 loss 0.5000 accuracy 0.8100 (40.0 steps/s here)",
+                           "worker0: global step 200 loss 0.2000 accuracy 0.9500 (40.0 steps/s here)",
+                           "worker0: test accuracy 0.9611"], 0, 0.05, False)
+    scripts["worker1"] = (["worker1: global step 150 loss 0.3000 (40.0 steps/s here)"], 0, 0.05, False)
+    result = launch(tmp_path, scripts)[0].execute()
+    assert result.finish.exit_code == 0
+    found = quality_of(result.machine)
+    assert found["quality"] == {"loss": 0.2, "accuracy": 0.9611}, "the chief's own, as it last printed them"
+    assert [value for _, value in found["quality_series"]["accuracy"]] == [0.81, 0.95, 0.9611]
+    times = [t for t, _ in found["quality_series"]["accuracy"]]
+    assert times == sorted(times) and times[0] >= 0

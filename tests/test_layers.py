@@ -123,16 +123,14 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 
 
 def test_every_module_is_one_job_a_newcomer_can_read() -> None:
-    """No module in tflab/ over 400 lines, and each opens with a docstring whose first line says its job (issue 25)."""
-    too_long, undocumented = [], []
+    """Each module in tflab/ opens with a docstring whose first line says its job (issue 25; its length is a hint,
+    not a rule: issue 36)."""
+    undocumented = []
     for path in sorted((REPO / "tflab").rglob("*.py")):
         if "examples" in path.parts:
             continue  # the programs a lab runs, not tflab's code
         source = path.read_text()
-        if len(source.splitlines()) > 400:
-            too_long.append(f"{path.relative_to(REPO)} ({len(source.splitlines())} lines)")
         doc = ast.get_docstring(ast.parse(source))
         if not doc or len(doc.splitlines()[0].split()) < 3:
             undocumented.append(str(path.relative_to(REPO)))
-    assert not too_long, too_long
     assert not undocumented, undocumented

@@ -1,0 +1,167 @@
+"""Direct tests of small modules with logic of their own (issue 36): fan-out, signals, keys, strict YAML, a node's
+run record and the verdict sentences. Expectations are literals, not the code's own formulas."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tflab.errors import UserError
+from tflab.host import fanout, keys, signals
+from tflab.plan import strictyaml
+from tflab.run import verdicts
+from tflab.run.events import Exited, Finish
+from tflab.run.noderun import NodeRun
+
+
+def test_parallel_calls_every_item_at_once_and_keeps_their_order() -> None:
+    started: list[float] = []
+
+    def slow(x: int) -> int:
+        started.append(time.monotonic())
+        time.sleep(0.2)
+        return x * 10
+
+    began = time.monotonic()
+    assert fanout.parallel(slow, [3, 1, 2]) == [30, 10, 20]
+    assert time.monotonic() - began < 0.5, "three 0.2 s calls ran side by side"
+
+
+def test_parallel_raises_one_error_as_itself_and_several_naming_each_item() -> None:
+    def boom(x: int) -> int:
+        if x > 1:
+            raise UserError(f"bad {x}")
+        return x
+
+    with pytest.raises(UserError, match="^bad 2$"):
+        fanout.parallel(boom, [1, 2])
+    with pytest.raises(fanout.FanOutError) as caught:
+        fanout.parallel(boom, [1, 2, 3])
+    assert str(caught.value) == "2: bad 2; 3: bad 3" and caught.value.exit_code == 2
+    outcomes = fanout.each(boom, [1, 2])
+    assert outcomes[0].value == 1 and isinstance(outcomes[1].error, UserError)
+
+
+def test_parallel_holds_to_its_limit() -> None:
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def work(_x: int) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    fanout.parallel(work, range(8), limit=2)
+    assert most[0] == 2
+
+
+def test_merged_streams_give_every_item_with_its_name() -> None:
+    got = sorted(fanout.merged({"a": iter([1, 2]), "b": iter([3])}))
+    assert got == [("a", 1), ("a", 2), ("b", 3)]
+
+
+def test_a_second_signal_forces_and_the_old_handlers_come_back() -> None:
+    said: list[tuple[str, bool]] = []
+    before = signal.getsignal(signal.SIGUSR1)
+    with signals.stop_signals(lambda reason, force: said.append((reason, force))):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+    assert said == [("stopped (SIGTERM)", False), ("stopped by `tflab stop`", True)]
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_a_new_key_pair_is_openssh_ed25519_with_its_comment() -> None:
+    pair = keys.new_key_pair("tflab lab t1")
+    assert pair.private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    kind, body, comment = pair.public.rstrip("\n").split(" ", 2)
+    assert (kind, comment) == ("ssh-ed25519", "tflab lab t1") and len(body) == 68
+    assert keys.new_key_pair("x").public != pair.public
+
+
+def test_strict_yaml_names_a_key_given_twice_with_its_lines() -> None:
+    with pytest.raises(UserError, match=r"^tflab.yaml: the key 'nodes' is given twice \(lines 2 and 3\): keep one$"):
+        strictyaml.load_yaml("topology:\n  nodes: 2\n  nodes: 3\n", "tflab.yaml")
+    with pytest.raises(UserError, match=r"^tflab.yaml is not valid YAML: "):
+        strictyaml.load_yaml("a: [", "tflab.yaml")
+    assert strictyaml.load_yaml("a: {b: 1}\n", "x") == {"a": {"b": 1}}
+    reader = strictyaml.Reader("tflab.yaml")
+    with pytest.raises(UserError, match=r"topology.nodse .*did you mean nodes\?"):
+        reader.mapping({"nodse": 1}, "topology", ("nodes", "ps"))
+    assert strictyaml.shown(True) == "bool True" and strictyaml.shown([1]) == "a list"
+
+
+def test_a_nodes_rate_duration_and_last_signs_of_life() -> None:
+    node = NodeRun("worker0", "worker", started=10.0)
+    assert node.running and not node.progressed and node.duration == 0.0
+    node.steps += [(11.0, 0), (13.0, 100), (15.0, 200)]
+    node.last_output = 16.0
+    assert node.progressed and node.last_progress == 15.0 and node.last_active == 16.0
+    assert node.rate() == pytest.approx(50.0)
+    node.ended = 17.5
+    assert not node.running and node.duration == 7.5
+
+
+def test_the_sentences_a_verdict_says() -> None:
+    assert verdicts.how_it_ended(Exited("w", 3, 1.0)) == "exited with 3"
+    assert verdicts.how_it_ended(Exited("w", 137, 1.0, "killed by SIGKILL from outside tflab")) == \
+        "exited with 137 (killed by SIGKILL from outside tflab)"
+    assert verdicts.how_it_ended(Exited("w", None, 1.0, "its container is gone")) == \
+        "ended with no exit code: its container is gone"
+    node = NodeRun("worker1", "worker", verdict="failed", exit_code=None, reason="lost")
+    assert verdicts.node_verdict(Finish(1, "failed", None), node) == \
+        Finish(255, "failed", "worker1 ended with no exit code: lost")
+    assert verdicts.node_verdict(Finish(130, "interrupted", "x"), node) == Finish(130, "interrupted", "x")
+    oom = NodeRun("worker1", "worker", verdict="oom", exit_code=None)
+    assert verdicts.node_verdict(Finish(1, "oom", "p"), oom) == Finish(137, "oom", "p")
+
+
+def test_the_summary_and_tflab_runs_say_the_signal_that_ended_a_node() -> None:
+    from rich.console import Console
+
+    from tflab.cli import views
+    from tflab.plan.topology import Topology, plan
+    from tflab.run.runreport import NodeRow, RunReport
+
+    rows = {"ps0": NodeRow("server", 1, 143, "stopped", "stopped", "SIGTERM", "stopped by tflab with SIGTERM"),
+            "worker0": NodeRow("finisher", 1, 0, "ok"),
+            "worker1": NodeRow("finisher", 1, 137, "failed", "outside", "SIGKILL", "killed by SIGKILL from outside tflab"),
+            "worker2": NodeRow("finisher", 1, 139, "failed", None, "SIGSEGV", "crashed with SIGSEGV")}
+    report = RunReport(task="train", state="finished", verdict="failed", nodes=rows,
+                       quality={"accuracy": 0.97221, "loss": 0.0012})
+    assert views.ending_text(report) == " (worker1 SIGKILL from outside tflab, worker2 SIGSEGV)"
+    assert views.quality_text(report) == "accuracy 0.9722, loss 0.0012"
+    console = Console(width=120, record=True)
+    console.print(views.run_summary(plan(Topology(nodes=4), []), rows))
+    table = console.export_text()
+    assert [line.split("│")[3].strip() for line in table.splitlines() if line.startswith("│ ")] == \
+        ["SIGTERM", "0", "137 SIGKILL", "139 SIGSEGV"]
+    console = Console(width=250, record=True)
+    console.print(views.runs_table([("train", report)]))
+    assert "failed (worker1 SIGKILL from outside tflab, worker2 SIGSEGV)" in " ".join(console.export_text().split())
+
+
+def test_tflab_runs_keeps_the_verdict_whole_in_a_narrow_terminal() -> None:
+    """CI found it: a quality column squeezed `interrupted` to `interr…` in an 80-column table."""
+    from rich.console import Console
+
+    from tflab.cli import views
+    from tflab.run.runreport import RunReport
+
+    found = [("train", RunReport(task="train", state="finished", verdict="ok", result="worker0: test accuracy 0.9722",
+                                 steps_per_s=191.6, quality={"loss": 0.0008, "accuracy": 0.9722}, started=1.8e9)),
+             ("long", RunReport(task="long", state="finished", verdict="interrupted", started=1.8e9,
+                                result="worker0: starting fresh in /runs/long"))]
+    console = Console(width=80, record=True)
+    console.print(views.runs_table(found))
+    text = console.export_text()
+    assert "interrupted" in text and "accuracy" in text and "loss" not in text, text
+    assert views.result_text(RunReport(task="t", state="finished", result="worker0: done",
+                                       quality={"loss": 0.5})) == "worker0: done [loss 0.5]"
