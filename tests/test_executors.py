@@ -76,3 +76,46 @@ def test_close_stops_a_held_process() -> None:
     process, _out, ends, done = _ssh_like('read word; [ "$word" = stop ] && exit 143; exit 0')
     process.close()
     assert done.wait(10) and ends == [(143, None)]
+
+
+def test_a_stream_that_ends_before_all_of_the_output_came_through_is_read_to_its_end(tmp_path) -> None:
+    """An engine can close an exec's stream before the last bytes came through, the process having ended: the
+    node still holds them. tflab asks whether it read all, attaches again from what it had, and reads the rest
+    once; a stream that brought everything is asked once and not attached again."""
+    import subprocess
+    import threading
+
+    from tflab.engine.attached import Reattach
+    from tflab.engine.executors import _SshProcess
+
+    kept = tmp_path / "kept.out"  # what the node kept of the program's output
+    kept.write_bytes(b"line 1\nline 2\nworker0: test accuracy 0.9722\n")
+    asked: list[tuple[int, int]] = []
+
+    def all_read(out: int, err: int) -> bool:
+        asked.append((out, err))
+        return out >= kept.stat().st_size
+
+    def start_child(argv, env=None, workdir="/"):
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def read(first: list[str]) -> tuple[bytes, list]:
+        asked.clear()
+        attach = lambda out, _err: ["sh", "-c", f"tail -c +{out + 1} '{kept}'; exit 3"]  # noqa: E731
+        process = _SshProcess(start_child(first), start_child, resume=Reattach(attach, all_read))
+        out: list[bytes] = []
+        ends: list[tuple] = []
+        done = threading.Event()
+        threading.Thread(target=process.pump, args=(lambda chunk, _err: out.append(chunk),
+                                                    lambda code, why: (ends.append((code, why)), done.set())),
+                         daemon=True).start()
+        assert done.wait(10)
+        return b"".join(out), ends
+
+    cut, ends = read(["sh", "-c", "printf 'line 1\\nli'; exit 3"])  # its stream ended mid-line
+    assert cut == kept.read_bytes(), "the rest read once, from where the stream ended"
+    assert ends == [(3, None)]
+    assert asked == [(9, 0), (len(cut), 0)]
+    whole, ends = read(["sh", "-c", f"cat '{kept}'; exit 3"])
+    assert whole == kept.read_bytes() and ends == [(3, None)]
+    assert asked == [(len(whole), 0)], "asked once, not attached again"

@@ -547,7 +547,17 @@ def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, pyth
     assert again.stdout == "".join(f"line {i}\n" for i in range(2, 7)), "the rest of its output, once"
     assert again.returncode == 7 and child.wait(timeout=10) == 7, "it ran to its own end"
     assert Ending.from_json((state / "run:t:worker1.exit").read_text()) == Ending(7, None, "exited")
-    assert not list((state / "out").iterdir()), "the kept output goes once it reached tflab"
+
+    def delivered(out: int) -> subprocess.CompletedProcess:
+        return subprocess.run([str(python), str(zipapp), "delivered", "run:t:worker1", "--out", str(out)],
+                              capture_output=True, universal_newlines=True, env=env, timeout=30)
+
+    total = len("".join(f"line {i}\n" for i in range(1, 7)))
+    short = delivered(total - 1)  # the guard's writes succeeded; only tflab knows what reached it
+    assert (short.returncode, short.stdout) == (3, f"{total} 0\n"), "the node holds more than was read"
+    assert sorted(p.name for p in (state / "out").iterdir()) == ["run:t:worker1.err", "run:t:worker1.out"]
+    assert delivered(total).returncode == 0
+    assert not list((state / "out").iterdir()), "the kept output goes once tflab says it has all of it"
 
 
 def test_a_stop_reaches_only_what_this_nodes_guards_started(guard, verb, python: Path, zipapp: Path, env,

@@ -4,8 +4,10 @@ The in-node guard reads tflab's connection a line at a time (tflab_guard.protoco
 releases a held process, `stop` stops it (its whole group: TERM, then KILL), `renew` renews
 its lease every second. The connection is not its lifeline: when it breaks while the process
 runs, tflab attaches again (`resume`) and reads its output on from where it was (the node
-keeps it); what stops the process when tflab is really gone is the lease, which lapses
-without renewals. Its output is handed to `on_output` as it comes; `on_exit` is called
+keeps it). A stream that ends is not taken for all of the output either: once the process
+has ended, the node is asked whether it holds more than was read (an engine can close an
+exec's stream before the last bytes came through), and the rest is read by attaching again.
+What stops the process when tflab is really gone is the lease, which lapses without renewals. Its output is handed to `on_output` as it comes; `on_exit` is called
 exactly once, from a `finally`, whatever happens to the stream. The transports
 (engine/executors.py) say how to write, read, learn the exit, and start a connection again.
 """
@@ -16,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from tflab_guard import protocol
@@ -25,7 +28,17 @@ from tflab.host.fanout import background
 log = logging.getLogger("tflab.executor")
 OnOutput = Callable[[bytes, bool], None]  # (chunk, is_stderr)
 OnExit = Callable[[int | None, str | None], None]  # (exit code or None, why it is unknown)
-Resume = Callable[[int, int], Sequence[str]]  # (bytes of stdout, of stderr had) -> the argv that attaches again
+
+
+@dataclass(frozen=True)
+class Reattach:
+    """How to pick a process up again: `argv` attaches to it from the bytes of stdout and stderr read so far;
+    `all_read` says whether those are all of its output the node kept (once it has ended)."""
+
+    argv: Callable[[int, int], Sequence[str]]
+    all_read: Callable[[int, int], bool] = lambda _out, _err: True
+
+
 GO = (protocol.GO + "\n").encode()
 STOP = (protocol.STOP + "\n").encode()
 RENEW = (protocol.RENEW + "\n").encode()
@@ -74,7 +87,7 @@ class GuardedProcess:
     (`_stream`), learn the exit (`_exit_status`) and close the connection (`_close_ends`).
     """
 
-    def __init__(self, renew: bool = False, resume: Resume | None = None) -> None:
+    def __init__(self, renew: bool = False, resume: Reattach | None = None) -> None:
         self.ended = threading.Event()
         self.closing = False
         self._lock = threading.Lock()
@@ -130,9 +143,16 @@ class GuardedProcess:
                     reason = why or reason
                 except Exception as exc:  # noqa: BLE001
                     code, reason = None, reason or f"cannot learn how it ended ({exc})"
-                if code is not None or self.closing or self.resume is None or self.resumed >= RESUMES:
+                if self.resume is None or self.resumed >= RESUMES:
                     break
-                if not self._attach_again(reason):
+                again: str | None = reason
+                if code is not None:  # it ended: read to its end only if the node holds no more of its output
+                    if self._all_read():
+                        break
+                    again = "its output ended before all of it came through"
+                elif self.closing:
+                    break
+                if not self._attach_again(again):
                     break
         finally:
             with self._lock:
@@ -142,6 +162,14 @@ class GuardedProcess:
                     pass
                 self.ended.set()
             on_exit(code, reason)
+
+    def _all_read(self) -> bool:
+        assert self.resume is not None
+        try:
+            return self.resume.all_read(*self.offsets)
+        except Exception:  # noqa: BLE001 - a node that cannot say has nothing more to give
+            log.debug("could not ask whether all output was read", exc_info=True)
+            return True
 
     def _attach_again(self, why: str | None) -> bool:
         """The connection broke while the process may run: attach to it again, from the output read so far."""
@@ -155,7 +183,7 @@ class GuardedProcess:
             except Exception:  # noqa: BLE001
                 pass
             try:
-                self._restart(self.resume(*self.offsets))
+                self._restart(self.resume.argv(*self.offsets))
             except Exception as exc:  # noqa: BLE001 - the node itself is gone: the reason stands
                 log.info("could not attach again: %s", exc)
                 return False

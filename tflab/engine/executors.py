@@ -19,7 +19,7 @@ import docker.errors
 from docker.models.containers import Container
 from docker.utils.socket import frames_iter
 
-from tflab.engine.attached import Attached, GuardedProcess, OnExit, OnOutput, Resume
+from tflab.engine.attached import Attached, GuardedProcess, OnExit, OnOutput, Reattach
 from tflab.errors import EngineError, UserError
 from tflab.host import proc
 from tflab.host.fanout import background
@@ -47,9 +47,9 @@ class Executor(Protocol):
 
     def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
               env: Mapping[str, str] | None = None, workdir: str = "/workspace", renew: bool = False,
-              resume: Resume | None = None) -> Attached:
+              resume: Reattach | None = None) -> Attached:
         """Start `argv` attached to tflab; `renew` says `renew` every second (its lease), `resume` attaches
-        again where the connection breaks while it runs."""
+        again where the connection breaks while it runs, or ends before all of its output came through."""
 
     def run(self, node: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
             workdir: str = "/") -> tuple[int, str]:
@@ -75,7 +75,7 @@ class _DockerProcess(GuardedProcess):
     """A `docker exec` through the SDK: the guard's input and the output are one socket."""
 
     def __init__(self, api: docker.APIClient, exec_id: str, connection: Any, container: Container,
-                 renew: bool = False, resume: Resume | None = None) -> None:
+                 renew: bool = False, resume: Reattach | None = None) -> None:
         super().__init__(renew, resume)
         self.api = api
         self.exec_id = exec_id
@@ -154,7 +154,7 @@ class DockerExecutor:
 
     def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
               env: Mapping[str, str] | None = None, workdir: str = "/workspace", renew: bool = False,
-              resume: Resume | None = None) -> Attached:
+              resume: Reattach | None = None) -> Attached:
         container = self.container(node)
         api = self.client.api
         try:
@@ -209,7 +209,7 @@ class _SshProcess(GuardedProcess):
     """An ssh client: the guard's input is its stdin, the output its stdout and stderr."""
 
     def __init__(self, child: Any, start_child: Callable[[Sequence[str]], Any] | None = None,
-                 renew: bool = False, resume: Resume | None = None) -> None:
+                 renew: bool = False, resume: Reattach | None = None) -> None:
         super().__init__(renew, resume)
         self.child = child
         self.start_child = start_child
@@ -279,7 +279,7 @@ class SshExecutor:
 
     def start(self, node: str, argv: Sequence[str], on_output: OnOutput, on_exit: OnExit,
               env: Mapping[str, str] | None = None, workdir: str = "/workspace", renew: bool = False,
-              resume: Resume | None = None) -> Attached:
+              resume: Reattach | None = None) -> Attached:
         def start_child(words: Sequence[str], env: Mapping[str, str] | None = None, workdir: str = "/") -> Any:
             command = self.ssh_argv(node, self.remote(words, env, workdir))
             # Its own session: a Ctrl-C at the terminal reaches tflab, which stops things in order.

@@ -10,10 +10,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from tflab_guard import protocol
 from tflab_guard.protocol import Call, Ending
 
+from tflab.engine.attached import Reattach
 from tflab.engine.executors import Executor
 from tflab.errors import TflabError, UserError
 from tflab.host.fanout import parallel
@@ -51,6 +53,26 @@ def run_argv(key: str, argv: list[str], grace_s: float = STOP_GRACE_S) -> list[s
 def attach(key: str, out_offset: int, err_offset: int) -> list[str]:
     """`key`'s output again from these offsets, and its end as the exit code (after a broken connection)."""
     return Call("attach", key, out=out_offset, err=err_offset).argv()
+
+
+def delivered(key: str, out_offset: int, err_offset: int) -> list[str]:
+    """Exit 0 when these bytes are all of `key`'s output the node kept (it forgets it then); 3 when it holds more."""
+    return Call("delivered", key, out=out_offset, err=err_offset).argv()
+
+
+def all_read(executor: Executor, node: str, key: str, out_offset: int, err_offset: int) -> bool:
+    """Whether tflab has read all of `key`'s output that `node` kept; True where the node cannot say (it is gone,
+    or its guard is older than this question: it forgot its output itself)."""
+    try:
+        code, _ = executor.run(node, delivered(key, out_offset, err_offset))
+    except TflabError:
+        return True
+    return code != 3
+
+
+def reattach(executor: Executor, node: str, key: str) -> Reattach:
+    """How a connection to `key`'s guard in `node` is picked up again, and its output read to its end."""
+    return Reattach(partial(attach, key), partial(all_read, executor, node, key))
 
 
 def serve(key: str, lease_name: str, command: str, log: str, warm: bool = False) -> list[str]:

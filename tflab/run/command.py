@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import time
-from functools import partial
 from collections.abc import Callable, Sequence
 
 from tflab.engine import guardcmd
@@ -51,7 +50,7 @@ class CommandRun:
                 self.events.put(exited_event(node, self.clock(), code, reason, end))
 
         process = self.executor.start(node, guardcmd.run_argv(key, self.argv), self.on_output, on_exit, renew=True,
-                                      resume=partial(guardcmd.attach, key))
+                                      resume=guardcmd.reattach(self.executor, node, key))
 
         def carry_out(actions: list[Action]) -> None:
             for action in actions:  # its start is the process started above

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflab.engine import guardcmd
+from tflab.engine.attached import Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
 from tflab.engine.guardcmd import warm_up
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
@@ -174,7 +175,7 @@ class ExecSession:
 
             argv = guardcmd.hold(lease, self.owner)
             self.holders[name] = self.executor.start(name, argv, on_output, on_exit, workdir="/", renew=True,
-                                                     resume=partial(again, argv))
+                                                     resume=Reattach(partial(again, argv)))
         deadline = self.clock() + HOLD_TIMEOUT_S
         for name, event in holding.items():
             event.wait(max(0.0, deadline - self.clock()))
@@ -294,7 +295,7 @@ class ExecSession:
         first = machine.handle(Began(began))
         self.node_started = True  # from here on an interrupt is queued, and handled below
         process = self.executor.start(setup.node, argv, on_output, on_exit, env=setup.env, renew=True,
-                                      resume=partial(guardcmd.attach, key))
+                                      resume=guardcmd.reattach(self.executor, setup.node, key))
         watching = threading.Event()
         background(self._watch_chief, watching, name="watch-chief")
         forced_at: list[float | None] = [None]

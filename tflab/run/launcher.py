@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-from functools import partial
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,7 +233,7 @@ class Launcher:
 
         try:
             self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env_for(name),
-                                                       renew=True, resume=partial(guardcmd.attach, key))
+                                                       renew=True, resume=guardcmd.reattach(self.executor, name, key))
         except TflabError as exc:
             self.events.put(Exited(name, None, self.clock(), str(exc)))
             return

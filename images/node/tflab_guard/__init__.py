@@ -16,6 +16,9 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
       A server shared by several `tflab exec`s: it lives while LEASE has holders (without
       --lease, until `stop`: TensorBoard).
   attach KEY [--out N] [--err N]   KEY's output again from those offsets, and its end as the exit code.
+  delivered KEY [--out N] [--err N]
+      exits 0 when tflab read all of KEY's kept output (N bytes of each stream; it is forgotten
+      then), 3 when the node holds more: tflab attaches again for the rest.
   hold LEASE HOLDER                holds LEASE while tflab renews it (`stop` leaves).
   holders LEASE                    exits 0 while LEASE has a holder renewed in the last LEASE_S.
   standby [--idle S]               one interpreter per node with TensorFlow imported, waiting to

@@ -1,12 +1,13 @@
 """Processes tflab starts in a node: each the child of the guard that owns it, which learns its end by
-waiting on it (`run`, attached to tflab; `serve`, shared by tflab's execs), and `attach`, which picks a
-process's output up again after a broken connection.
+waiting on it (`run`, attached to tflab; `serve`, shared by tflab's execs), `attach`, which picks a
+process's output up again after a broken connection, and `delivered`, which forgets the kept output
+once tflab has all of it.
 
 One way to start a program, warm or cold, and one meaning for each ending (protocol.Ending):
 a cold program is the guard's child (subprocess); a warm one is the child of the standby's
 owner (standby.py), which records its end the same way. The program's output goes to files
 in the node (registry.out_paths), followed to tflab's connection from there: a connection
-that breaks loses nothing and stops nothing. What stops a process is tflab (`stop`), a signal
+that breaks, or ends before all of it came through, loses nothing and stops nothing. What stops a process is tflab (`stop`), a signal
 to its guard, or tflab's lease lapsing (tflab is gone).
 """
 
@@ -80,15 +81,14 @@ def follow(key, out_offset=0, err_offset=0):
     return followers
 
 
-def finish_following(key, followers):
-    """Copy what is left; the kept output goes once all of it reached tflab (else `attach` reads it)."""
+def finish_following(followers):
+    """Copy what is left. The kept output stays: only tflab knows whether all of it reached it (a write
+    that succeeded here can still be lost on the way: an engine that closes the stream first), and
+    `delivered` forgets it once tflab says so (else `attach` reads the rest)."""
     for follower in followers:
         follower.done.set()
     for follower in followers:
         follower.join(10)
-    if not any(f.lost or f.is_alive() for f in followers):
-        for path in registry.out_paths(key):
-            registry.unlink(path)
 
 
 def say(sentence):
@@ -264,7 +264,7 @@ def run(args):
     registry.write_exit(key, ending)
     for handle in (out, err):
         handle.close()
-    finish_following(key, followers)
+    finish_following(followers)
     if ending.reason == "oom":
         say(memory.oom_sentence())
     leases.leave(lease, key)
@@ -332,6 +332,26 @@ def serve(args):
     return ending.code
 
 
+def delivered(args):
+    """Exit 0 when tflab has read all of KEY's kept output (the --out and --err bytes it had), which is
+    forgotten then; 3 when the node holds more (printed: its sizes), which tflab attaches again to read."""
+    paths = registry.out_paths(args.key)
+    sizes = [_size(path) for path in paths]
+    if any(size > had for size, had in zip(sizes, (args.out, args.err))):
+        print("%d %d" % tuple(sizes))
+        return 3
+    for path in paths:
+        registry.unlink(path)
+    return 0
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def attach(args):
     """KEY's output again from the offsets tflab had, and its end (as its exit code): what tflab runs when its
     connection to KEY's guard broke. Renews the lease and passes `stop` on, as that guard did."""
@@ -357,6 +377,6 @@ def attach(args):
                 ending = Ending(255, None, LOST)
                 break
         time.sleep(POLL_S)
-    finish_following(key, followers)
+    finish_following(followers)
     return ending.code
 
