@@ -267,7 +267,7 @@ class ExecSession:
         argv = guardcmd.run_line(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
         plan = setup.plan or RunPlan(servers=(), finishers=(setup.node,), chief=setup.node, stop_hung=False)
         machine = RunMachine(plan)
-        splitter = progress.LineSplitter(updates=True)
+        splitters = (progress.LineSplitter(updates=True), progress.LineSplitter(updates=True))  # stdout's, stderr's
         reader = progress.ProgressReader(setup.progress)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log: IO[bytes] = log_path.open("ab")
@@ -275,7 +275,7 @@ class ExecSession:
         def on_output(chunk: bytes, is_err: bool) -> None:
             log.write(chunk)
             log.flush()
-            for line in splitter.feed(chunk):
+            for line in splitters[is_err].feed(chunk):
                 reading = reader.read(line)
                 if reading is not None or (line.strip() and not progress.is_noise(line)):  # a sign of life
                     self.events.put(Printed(setup.node, self.clock(), reading.step if reading else None,

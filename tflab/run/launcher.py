@@ -208,23 +208,25 @@ class Launcher:
             handle = self.logs[name] = (self.setup.log_dir / f"{name}.log").open("ab")
         if attempt > 1:
             handle.write(f"--- tflab: attempt {attempt} ---\n".encode())
-        lines, updates = progress.LineSplitter(), progress.LineSplitter(updates=True)
+        # Each stream split into lines of its own: a line of stderr cut by a chunk's end must not run into stdout's.
+        lines = (progress.LineSplitter(), progress.LineSplitter())
+        updates = (progress.LineSplitter(updates=True), progress.LineSplitter(updates=True))
         reader = progress.ProgressReader(self.setup.progress)
 
-        def on_output(chunk: bytes, _is_err: bool) -> None:
+        def on_output(chunk: bytes, is_err: bool) -> None:
             handle.write(chunk)
             handle.flush()
-            for text in updates.feed(chunk):
+            for text in updates[is_err].feed(chunk):
                 self._progress(name, text, reader)
-            for text in lines.feed(chunk):
+            for text in lines[is_err].feed(chunk):
                 self._line(name, text)
 
         def on_exit(code: int | None, reason: str | None) -> None:
             end = None
             try:
-                for text in updates.rest():
+                for text in updates[0].rest() + updates[1].rest():
                     self._progress(name, text, reader)
-                for text in lines.rest():
+                for text in lines[0].rest() + lines[1].rest():
                     self._line(name, text)
                 end = guardcmd.learn_exit(self.executor, name, key, code, reason)
                 code, reason = end.code, end.reason
