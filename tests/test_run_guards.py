@@ -127,7 +127,7 @@ def test_a_malformed_run_json_is_left_out_not_fatal_to_runs(runner, lab: Path) -
                        "c": '{"nodes": {"w": 5}}', "d": '{"started": 1e400}', "e": "{not json"}.items():
         (lab / "runs" / name).mkdir(parents=True)
         (lab / "runs" / name / RUN_FILE).write_text(text)
-    result = runner.invoke(cli, ["runs", "--lab", str(lab)])
+    result = runner.invoke(cli, ["runs", "--lab", str(lab)], env={"COLUMNS": "160"})  # the result on one line
     assert result.exit_code == 0, result.stderr
     assert "accuracy 0.97" in result.stdout and "internal error" not in result.stdout + result.stderr
     assert "left out: a, b, c, d, e (their run.json is not one tflab wrote)" in " ".join(result.stdout.split())

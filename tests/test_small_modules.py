@@ -163,5 +163,15 @@ def test_tflab_runs_keeps_the_verdict_whole_in_a_narrow_terminal() -> None:
     console.print(views.runs_table(found))
     text = console.export_text()
     assert "interrupted" in text and "accuracy" in text and "loss" not in text, text
+    # A long last line squeezed it again (found this session): the column keeps its longest word whole.
+    found = [("train", RunReport(task="train", state="finished", verdict="ok", started=1.8e9, duration_s=21.3,
+                                 result="worker0: test accuracy 0.9806", steps_per_s=148.9,
+                                 limit={"kind": "worker-cpu"})),
+             ("long", RunReport(task="long", state="finished", verdict="interrupted", started=1.8e9, duration_s=6.6,
+                                result="data: digits, 1437 training and 360 test examples of 64 features",
+                                limit={"kind": "none"}))]
+    console = Console(width=80, record=True)
+    console.print(views.runs_table(found))
+    assert "interrupted" in console.export_text(), console.export_text()
     assert views.result_text(RunReport(task="t", state="finished", result="worker0: done",
                                        quality={"loss": 0.5})) == "worker0: done [loss 0.5]"

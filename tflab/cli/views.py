@@ -138,7 +138,7 @@ def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
     """node, role, exit, duration, steps/s, verdict: the end of a run (rows as run.json keeps them)."""
     table = Table(title="run summary")
     for column in ("node", "role", "exit", "duration", "steps/s", "verdict"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "verdict")
     for node in lab.nodes:
         row = rows.get(node.name)
         if row is None:
@@ -221,7 +221,8 @@ def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
     with_knobs = any(report.knobs for _, report in found)  # a column only where a run had some
     for column in ("run", "started", "duration", *(["knobs"] if with_knobs else []), "verdict", "result", "steps/s",
                    "limit"):
-        table.add_column(column)
+        # A narrow terminal squeezes the other columns: a verdict is never cut to "interrup…".
+        table.add_column(column, no_wrap=column == "verdict")
     for folder, report in found:
         if report.finished:
             verdict = report.verdict or "-"
