@@ -49,7 +49,14 @@ def test_runs_back_to_back_and_a_sweep_with_the_cpus_busy_never_fail_falsely(lab
         # Quality beside speed, from the chief's own lines (issue 37): its accuracy, and when it reached 0.5.
         with (lab / "runs" / "sweeps" / "soak" / "results.csv").open() as handle:
             rows = list(csv.DictReader(handle))
-        assert all(0.0 <= float(r["accuracy"]) <= 1.0 and float(r["loss"]) >= 0 for r in rows), rows
+        by_workers = {r["workers"]: r for r in rows}
+        assert sorted(by_workers) == ["1", "3"], rows
+        # The chief's test accuracy ends every run; it prints its loss every 100 of its own steps: all 300 of
+        # them with one worker, about a third with three (fewer than 100 there when the others are quicker,
+        # and then the column is honestly empty: CI saw it so).
+        assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows), rows
+        assert float(by_workers["1"]["loss"]) >= 0, rows
+        assert by_workers["3"]["loss"] == "" or float(by_workers["3"]["loss"]) >= 0, rows
         assert all(r["reached"] == "True" and 0 < float(r["time_to_target_s"]) < 300 for r in rows), rows
     finally:
         for burner in burners:
