@@ -7,9 +7,10 @@ runs, tflab attaches again (`resume`) and reads its output on from where it was 
 keeps it). A stream that ends is not taken for all of the output either: once the process
 has ended, the node is asked whether it holds more than was read (an engine can close an
 exec's stream before the last bytes came through), and the rest is read by attaching again.
-What stops the process when tflab is really gone is the lease, which lapses without renewals. Its output is handed to `on_output` as it comes; `on_exit` is called
-exactly once, from a `finally`, whatever happens to the stream. The transports
-(engine/executors.py) say how to write, read, learn the exit, and start a connection again.
+What stops the process when tflab is really gone is the lease, which lapses without
+renewals. Its output is handed to `on_output` as it comes; `on_exit` is called exactly once,
+from a `finally`, whatever happens to the stream. The transports (engine/executors.py) say
+how to write, read, learn the exit, and start a connection again.
 """
 
 from __future__ import annotations

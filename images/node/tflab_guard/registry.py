@@ -4,8 +4,9 @@ Files live in the state folder (/run/tflab): KEY.pid holds `PGID STARTTIME` of t
 (the start time tells a live process from a recycled pid), KEY.guard the same of the guard
 that owns it, KEY.exit its Ending (protocol.Ending, JSON) once it ended, KEY.stop that
 tflab stopped it, out/KEY.out and out/KEY.err its output (kept in the node until tflab says it
-read all of it, so that a broken or cut-short connection loses none of it). A stop finds processes here, never by a pattern over
-/proc: a guard signals only what it, or another guard of this node, started and recorded.
+read all of it, so that a broken or cut-short connection loses none of it). A stop finds
+processes here, never by a pattern over /proc: a guard signals only what it, or another guard
+of this node, started and recorded.
 Changes that read and then write are made under one lock (registry.lock).
 """
 

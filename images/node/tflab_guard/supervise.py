@@ -7,8 +7,8 @@ One way to start a program, warm or cold, and one meaning for each ending (proto
 a cold program is the guard's child (subprocess); a warm one is the child of the standby's
 owner (standby.py), which records its end the same way. The program's output goes to files
 in the node (registry.out_paths), followed to tflab's connection from there: a connection
-that breaks, or ends before all of it came through, loses nothing and stops nothing. What stops a process is tflab (`stop`), a signal
-to its guard, or tflab's lease lapsing (tflab is gone).
+that breaks, or ends before all of it came through, loses nothing and stops nothing. What
+stops a process is tflab (`stop`), a signal to its guard, or tflab's lease lapsing (tflab is gone).
 """
 
 import os
