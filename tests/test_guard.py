@@ -107,17 +107,22 @@ def ended(child: subprocess.Popen) -> str:
     return out
 
 
-def live_members(pgid: int) -> list[int]:
-    """Processes of group `pgid` that are not zombies (reaping orphans is up to the host's init)."""
-    members = []
+def _live_with(field: int, value: int) -> list[int]:
+    """Live (not zombie) processes whose /proc stat field (after the name: 1 the parent, 2 the group) is `value`."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
+        if int(fields[field]) == value and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def live_members(pgid: int) -> list[int]:
+    """Processes of group `pgid` that are not zombies (reaping orphans is up to the host's init)."""
+    return _live_with(2, pgid)
 
 
 def running(pid: int) -> bool:
@@ -129,15 +134,7 @@ def running(pid: int) -> bool:
 
 
 def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
+    return _live_with(1, pid)
 
 
 def cmdline(pid: int) -> str:
