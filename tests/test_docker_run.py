@@ -39,6 +39,9 @@ SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*
          "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,stat=,args=")
 
 
+HEALTHCHECK = "bash -c exec 3<>/dev/tcp/127.0.0.1/22"  # the node's healthcheck, templates/_node.j2
+
+
 def task_processes(client, project: str) -> dict[str, str]:
     """Every node's processes but its own: init, sshd, an idle standby interpreter, an exec being set up.
 
@@ -76,8 +79,11 @@ def _task_processes(client, project: str) -> dict[str, str]:
                 continue
             if args.startswith("tflab-guard standby owner"):
                 continue  # the standby's owner: its child, the program once claimed, is what runs
-            if args.startswith("python3 /usr/local/share/tflab/guard.pyz") and " ended " in f" {args} ":
-                continue  # tflab asking how a process ended
+            if args.startswith("python3 /usr/local/share/tflab/guard.pyz") and (
+                    {"ended", "delivered"} & set(args.split())):
+                continue  # tflab asking how a process ended, or telling the node it read all its output
+            if args == HEALTHCHECK:
+                continue  # the engine's healthcheck (every 3 s), caught while it knocks on sshd's port
             rest.append(f"{args} ({pid} {state})" if args.startswith("[") else args)
         if rest:
             left[name] = "; ".join(rest)
