@@ -6,6 +6,7 @@ Python of TensorFlow 1.15's images) where it is installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -89,6 +90,33 @@ def verb(python: Path, zipapp: Path, state: Path, env: dict[str, str]):
     return call
 
 
+@contextlib.contextmanager
+def renewing(*children: subprocess.Popen):
+    """tflab's renewals on these guards' connections while the block runs (it sends one a second; here every
+    0.3 s): a guard that must outlive the tests' short lease is kept as tflab keeps it, however slow the host.
+
+    Each renewal is one write of a whole line to the pipe, as the block's own words (`stop`, flushed) are: they
+    never run into each other. The block does not close a renewed connection.
+    """
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(0.3):
+            for child in children:
+                try:
+                    os.write(child.stdin.fileno(), b"renew\n")
+                except (OSError, ValueError):
+                    pass  # that guard has ended: nothing to renew
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        renewer.join()
+
+
 def released(child: subprocess.Popen) -> str:
     """Send `go`, keep the connection open until the process ends by itself; its output."""
     child.stdin.write("go\n")
@@ -142,7 +170,7 @@ def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
 
 
-def wait_for(check, seconds: float = 10.0) -> bool:
+def wait_for(check, seconds: float = 30.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if check():
@@ -228,16 +256,7 @@ def test_a_frozen_node_is_not_a_dead_tflab(guard, state: Path) -> None:
     child = guard("run", "k:frozen", "--grace", "0.5", "--shell", "sleep 300")
     assert wait_for(lambda: (state / "k:frozen.pid").exists())
     pgid = int((state / "k:frozen.pid").read_text().split()[0])
-    renewing = threading.Event()
-
-    def renew() -> None:  # what tflab does every second, frozen node or not
-        while not renewing.wait(0.3):
-            child.stdin.write("renew\n")
-            child.stdin.flush()
-
-    renewer = threading.Thread(target=renew, daemon=True)
-    renewer.start()
-    try:
+    with renewing(child):  # what tflab does every second, frozen node or not
         for pid in (child.pid, pgid):
             os.killpg(pid, signal.SIGSTOP) if pid == pgid else os.kill(pid, signal.SIGSTOP)
         time.sleep(2 * LEASE_S)  # longer than the lease: the holder file ages, renewals queue
@@ -245,9 +264,6 @@ def test_a_frozen_node_is_not_a_dead_tflab(guard, state: Path) -> None:
         os.killpg(pgid, signal.SIGCONT)
         time.sleep(1.5)
         assert child.poll() is None and live_members(pgid), "a thawed guard stopped its program for a lapse"
-    finally:
-        renewing.set()
-        renewer.join()
     child.stdin.write("stop\n")
     child.stdin.flush()
     assert child.wait(timeout=10) == 143
@@ -309,12 +325,13 @@ def test_a_shared_server_lives_while_someone_holds_it(guard, verb, python: Path,
                                                       tmp_path: Path) -> None:
     holder = guard("hold", "exec:train", "exec-1")
     assert holder.stdout.readline() == "holding\n"
-    server = subprocess.Popen([str(python), str(zipapp), "serve", "k:served", "--lease", "exec:train",
-                               "--log", str(tmp_path / "logs" / "ps0.log"), "--shell", "echo up; sleep 300"], env=env)
-    assert wait_for(lambda: (state / "k:served.pid").exists())
-    assert verb("holders", "exec:train") == 0
-    time.sleep(1)
-    assert server.poll() is None
+    with renewing(holder):  # its tflab is there: the lease is held until it leaves
+        server = subprocess.Popen([str(python), str(zipapp), "serve", "k:served", "--lease", "exec:train", "--log",
+                                   str(tmp_path / "logs" / "ps0.log"), "--shell", "echo up; sleep 300"], env=env)
+        assert wait_for(lambda: (state / "k:served.pid").exists())
+        assert verb("holders", "exec:train") == 0
+        time.sleep(1)
+        assert server.poll() is None
     holder.stdin.write("stop\n")
     holder.stdin.flush()
     holder.wait(timeout=5)
@@ -327,14 +344,15 @@ def test_a_shared_server_lives_while_someone_holds_it(guard, verb, python: Path,
 def test_stop_clears_what_an_earlier_run_left_and_only_that(guard, verb, state: Path) -> None:
     leftovers = [guard("run", f"run:train:worker{i}", "--shell", "sleep 300") for i in range(2)]
     other = guard("run", "run:train.v2:worker0", "--shell", "sleep 300")
-    assert wait_for(lambda: len(list(state.glob("*.pid"))) == 3)
-    assert verb("stop", "run:train:*", "--grace", "0.5") == 0
-    # Stopped means gone, the guards that ran them included (at most a zombie awaiting our wait).
-    assert [child.pid for child in leftovers if running(child.pid)] == []
-    for child in leftovers:
-        assert child.wait(timeout=10) == 143  # sleep ends at SIGTERM
-    assert other.poll() is None, "a task whose name starts like another's is not swept with it"
-    assert sorted(p.name for p in state.glob("*.pid")) == ["run:train.v2:worker0.pid"]
+    with renewing(*leftovers, other):  # their tflab is still there: only the stop ends them
+        assert wait_for(lambda: len(list(state.glob("*.pid"))) == 3)
+        assert verb("stop", "run:train:*", "--grace", "0.5") == 0
+        # Stopped means gone, the guards that ran them included (at most a zombie awaiting our wait).
+        assert [child.pid for child in leftovers if running(child.pid)] == []
+        for child in leftovers:
+            assert child.wait(timeout=10) == 143  # sleep ends at SIGTERM
+        assert other.poll() is None, "a task whose name starts like another's is not swept with it"
+        assert sorted(p.name for p in state.glob("*.pid")) == ["run:train.v2:worker0.pid"]
     for i in range(2):
         assert Ending.from_json((state / f"run:train:worker{i}.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
     other.stdin.write("stop\n")
@@ -513,16 +531,17 @@ def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, python: Path,
     sender, expected = ENDINGS[how]
     child = guard("run", "run:t:worker0", *(["--warm"] if warm else []), "--grace", "2", "--shell",
                   f"{python.name} {program} {how}", env=env, stderr=subprocess.DEVNULL)
-    pid = int(child.stdout.readline())
-    if sender is not None:  # (the others may have ended already)
-        owner = standby.pid if standby is not None else child.pid
-        assert pid in children_of(owner), "the program is its owner's child (the standby's owner, or its guard)"
-    if sender == "stop":
-        child.stdin.write("stop\n")
-        child.stdin.flush()
-    elif sender is not None:
-        os.kill(pid, getattr(signal, sender))
-    assert child.wait(timeout=20) == expected.code
+    with renewing(child):  # tflab is there throughout: the ending is the program's own, never a lapse
+        pid = int(child.stdout.readline())
+        if sender is not None:  # (the others may have ended already)
+            owner = standby.pid if standby is not None else child.pid
+            assert pid in children_of(owner), "the program is its owner's child (the standby's owner, or its guard)"
+        if sender == "stop":
+            child.stdin.write("stop\n")
+            child.stdin.flush()
+        elif sender is not None:
+            os.kill(pid, getattr(signal, sender))
+        assert child.wait(timeout=20) == expected.code
     assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == expected
     if standby is not None:
         assert standby.wait(timeout=10) == 0
@@ -567,13 +586,14 @@ def test_a_stop_reaches_only_what_this_nodes_guards_started(guard, verb, python:
     other_lab = {**env, "TFLAB_GUARD_STATE": str(tmp_path / "other-lab")}
     theirs = guard("run", "run:train:worker0", "--shell", "sleep 60", env=other_lab)
     ours = guard("run", "run:train:worker1", "--shell", "sleep 60")
-    assert wait_for(lambda: (state / "run:train:worker1.pid").exists())
-    assert wait_for(lambda: (tmp_path / "other-lab" / "run:train:worker0.pid").exists())
-    assert verb("stop", "run:train:*", "--grace", "0.5") == 0
-    assert ours.wait(timeout=10) == 143
-    time.sleep(0.5)
-    assert decoy.poll() is None, "a process that merely looks like a guard is not touched"
-    assert theirs.poll() is None, "another lab's (another state's) process is not touched"
+    with renewing(theirs, ours):  # both labs' tflab is there: only the stop may end anything
+        assert wait_for(lambda: (state / "run:train:worker1.pid").exists())
+        assert wait_for(lambda: (tmp_path / "other-lab" / "run:train:worker0.pid").exists())
+        assert verb("stop", "run:train:*", "--grace", "0.5") == 0
+        assert ours.wait(timeout=10) == 143
+        time.sleep(0.5)
+        assert decoy.poll() is None, "a process that merely looks like a guard is not touched"
+        assert theirs.poll() is None, "another lab's (another state's) process is not touched"
     for child in (decoy, theirs):
         child.kill()
         child.wait()
