@@ -221,6 +221,33 @@ def test_a_kill_whose_exit_is_seen_before_the_injector_answers_is_still_the_dril
     assert Finish(0, "ok", None) in actions
 
 
+@pytest.mark.parametrize("fault", ["kill worker1 at step 50 then restart", "stop worker1 at step 50 then restart"])
+def test_a_killed_node_back_before_its_end_reached_tflab_is_still_the_drills(fault: str) -> None:
+    """CI, stop 40: the engine told of the killed exec's end (137, its container stopped) after the node was
+    back; the run called it worker1's own failure and stopped the training."""
+    machine = started(ps_plan(fault, expect="survive"))
+    assert feed(machine, [Printed("worker0", 6.0, 50)]) == [Inject(0)]
+    actions = feed(machine, [Injected(0, 6.1, "killed worker1 (its machine)")])
+    assert actions[-1] == Revive("worker1"), actions
+    back = feed(machine, [Revived("worker1", 6.8)])
+    assert not [a for a in back if isinstance(a, (Start, Stop, Finish))], "its old process is not seen gone yet"
+    actions = feed(machine, [Exited("worker1", 137, 7.5, "its container stopped")])
+    assert actions == [Say("worker1 starts again (attempt 2)"), Start(("worker1",), attempt=2)], actions
+    assert machine.nodes["worker1"].verdict == "running" and not machine.finished
+    actions = feed(machine, [Exited("worker0", 0, 20.0), Exited("worker2", 0, 20.5), Exited("worker1", 0, 21.0)])
+    assert Finish(0, "ok", None) in actions
+
+
+def test_a_node_back_from_a_drill_that_ends_again_on_its_own_is_a_failure() -> None:
+    """Only the end of the process the drill killed is the drill's: the next one's end is the node's own."""
+    machine = started(ps_plan("kill worker1 at step 50 then restart", expect="survive"))
+    feed(machine, [Printed("worker0", 6.0, 50), Injected(0, 6.1, "killed worker1 (its machine)"),
+                   Revived("worker1", 6.8), Exited("worker1", 137, 7.5, "its container stopped")])
+    actions = feed(machine, [Exited("worker1", 1, 9.0)])
+    assert machine.nodes["worker1"].verdict == "failed"
+    assert any(isinstance(a, Finish) and a.exit_code == 1 for a in actions), actions
+
+
 def test_an_exit_held_for_a_drill_that_could_not_be_done_is_a_failure_after_all() -> None:
     machine = started(ps_plan("kill worker1 at step 50"))
     feed(machine, [Printed("worker0", 6.0, 50), Exited("worker1", 1, 6.05)])

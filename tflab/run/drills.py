@@ -93,6 +93,12 @@ class Drills:
                 return state
         return None
 
+    def last_on(self, node: str) -> DrillState | None:
+        """The last fault that ended `node`'s processes, back or not."""
+        hit = [s for s in self.states if s.fault.node == node and s.fault.action in ENDS_PROCESS
+               and s.hit_t is not None and s.error is None]
+        return max(hit, key=lambda s: s.hit_t or 0.0) if hit else None
+
     def back(self, node: str, t: float) -> None:
         for state in self.states:
             if state.fault.node == node and state.hit_t is not None and state.back_t is None:

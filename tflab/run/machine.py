@@ -82,7 +82,9 @@ class RunMachine:
         self.reviving: set[str] = set()
         self.injecting: dict[str, int] = {}  # node -> the fault being done to its machine (no answer yet)
         self.held_exits: dict[str, Exited] = {}  # exits seen while their node's fault was being done
-        self.rebooted: set[str] = set()  # nodes rebooted by the drill whose old process's end is awaited
+        # nodes the drill took down that are back (rebooted, or revived) before their old process's end was
+        # seen: that end, when it comes, is the drill's, and starts the node again
+        self.back_before_end: dict[str, DrillState] = {}
         self.gang: set[str] = set()  # finishers being stopped for a restart of them all
         self.gang_restarts = 0
 
@@ -207,10 +209,8 @@ class RunMachine:
         node.reason, node.signal, node.ended_by = event.reason, event.signal, event.ended_by
         if event.node in self.gang and not self.finished:
             return self._gang_member_ended(node, event)
-        if event.node in self.rebooted:
-            self.rebooted.discard(event.node)
-            node.verdict, node.reason = "rebooted", "by the drill"
-            return self._restart_after_drill(event.node, event.t)
+        if event.node in self.back_before_end:
+            return self._drilled_exit(node, event, self.back_before_end.pop(event.node))
         if node.verdict not in ("running", "held"):
             # Stopped on purpose (served, stopped, hung, interrupted ...): the verdict stands.
             return self._maybe_done()
@@ -458,7 +458,7 @@ class RunMachine:
             self.drills.back(fault.node, event.t)
             self.down.discard(fault.node)
             if self.nodes[fault.node].ended is None:
-                self.rebooted.add(fault.node)
+                self.back_before_end[fault.node] = state
             actions += self._restart_after_drill(fault.node, event.t)
         return actions
 
@@ -476,6 +476,11 @@ class RunMachine:
         actions: list[Action] = [Say(f"drill: {event.node} is back")]
         if self.gang:
             return actions + self._gang_ready(event.t)
+        drilled = self.drills.last_on(event.node)
+        if self.nodes[event.node].ended is None and drilled is not None:
+            # Back before its killed process's end reached tflab (the engine tells of a killed exec late):
+            # that end is still the drill's, not a failure of the node's own.
+            self.back_before_end[event.node] = drilled
         return actions + self._restart_after_drill(event.node, event.t)
 
     def _restart_after_drill(self, name: str, t: float) -> list[Action]:
