@@ -1,4 +1,5 @@
-"""A run's drills: which faults are due, which were done, what followed. Pure bookkeeping for the run's machine.
+"""A run's drills: which faults are due, which were done, what followed, and the run's verdict against what the
+drill expected. Pure bookkeeping for the run's machine.
 
 A fault is due `at step N` when a worker first reports step N or later, or `at Ns` after the
 workers were released; one that lasts (`for Ss`) is healed S seconds after it hit. While a
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tflab.plan.faults import ENDS_PROCESS, Fault
+from tflab.run.events import Finish
 
 
 @dataclass
@@ -126,6 +128,23 @@ class Drills:
     def names(self) -> str:
         """The drill in words: `kill worker1 at step 52 (planned at step 50)`."""
         return "; ".join(describe(s) for s in self.states)
+
+    def judge(self, finish: Finish, expect: str | None) -> Finish:
+        """The verdict of a drilled run: what the training did (`finish`), against what the drill expected."""
+        if not self.states or finish.verdict == "interrupted":
+            return finish
+        drill = self.names()
+        if expect and self.missed():
+            return Finish(1, "missed", f"the drill did not happen: {drill} (the training ended first)")
+        survived = finish.verdict == "ok"
+        if expect == "fail":
+            if survived:
+                return Finish(1, "survived", f"the training finished despite the drill ({drill}); it was "
+                                             "expected to fail")
+            return Finish(0, "ok", f"as expected, the drill broke the training: {finish.problem} ({drill})")
+        if survived:
+            return Finish(0, "ok", None)
+        return Finish(finish.exit_code, finish.verdict, f"{finish.problem} (the drill: {drill})")
 
     def rows(self, began: float | None) -> list[dict[str, Any]]:
         """The drill as run.json keeps it."""

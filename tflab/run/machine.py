@@ -374,31 +374,12 @@ class RunMachine:
                 if verdict_for_running == "served" and node.role == SIDECAR:
                     role_verdict = "stopped"
                 node.verdict = role_verdict
-        self.finish = self._judged(Finish(code, verdict, problem))
+        self.finish = self.drills.judge(Finish(code, verdict, problem), self.plan.expect)
         actions: list[Action] = []
         if still:
             actions.append(Stop(tuple(still), force=force))
         actions.append(self.finish)
         return actions
-
-
-    def _judged(self, finish: Finish) -> Finish:
-        """The verdict of a drilled run: what the training did, against what the drill expected."""
-        if not self.drills or finish.verdict == "interrupted":
-            return finish
-        drill = self.drills.names()
-        missed = self.drills.missed()
-        if self.plan.expect and missed:
-            return Finish(1, "missed", f"the drill did not happen: {drill} (the training ended first)")
-        survived = finish.verdict == "ok"
-        if self.plan.expect == "fail":
-            if survived:
-                return Finish(1, "survived", f"the training finished despite the drill ({drill}); it was "
-                                             "expected to fail")
-            return Finish(0, "ok", f"as expected, the drill broke the training: {finish.problem} ({drill})")
-        if survived:
-            return Finish(0, "ok", None)
-        return Finish(finish.exit_code, finish.verdict, f"{finish.problem} (the drill: {drill})")
 
     # -- drills: when a fault is due, what its answer does to the run, how a node it took down starts again --
 
