@@ -110,8 +110,9 @@ def read_note(lf: Any) -> dict[str, Any] | None:
         return {"task": "?", "link": [], "cpus": []}
     if not isinstance(data, dict):
         return {"task": "?", "link": [], "cpus": []}
-    data["link"] = [n for n in data.get("link") or [] if isinstance(n, str)]
-    data["cpus"] = [n for n in data.get("cpus") or [] if isinstance(n, str)]
+    for key in ("link", "cpus"):  # node names; anything else (a hand-edited string, a number) names none
+        value = data.get(key)
+        data[key] = [n for n in value if isinstance(n, str)] if isinstance(value, list) else []
     return data
 
 
