@@ -1,0 +1,96 @@
+"""A run's drills as bookkeeping (run/drills.py), called directly: when each fault is due and healed, which fault
+a node's end belongs to, when a drilled run has stalled, and its verdict against --expect (literal sentences)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tflab.plan.faults import parse
+from tflab.run.drills import Drills
+from tflab.run.events import Finish
+
+NODES = ["ps0", "worker0", "worker1", "worker2"]
+
+
+def drills(*specs: str, stall_s: float = 60.0) -> Drills:
+    return Drills([parse(spec, NODES) for spec in specs], stall_s)
+
+
+def test_a_fault_is_due_once_at_its_step_or_its_time_from_the_release() -> None:
+    course = drills("kill worker1 at step 50", "pause worker2 at 30s for 10s")
+    assert course.due(5.0, None, 80) == [], "nothing before the workers are released"
+    assert course.due(5.0, 2.0, 49) == []
+    assert course.due(6.0, 2.0, 50) == [0]
+    assert course.due(7.0, 2.0, 60) == [], "each once"
+    assert course.due(31.9, 2.0, 90) == []
+    assert course.due(32.0, 2.0, 90) == [1]
+
+
+def test_a_lasting_fault_is_healed_after_its_time_and_notes_the_steps_made_meanwhile() -> None:
+    course = drills("pause worker2 at step 100 for 15s")
+    course.hit(0, 10.0, 104, {"worker0": 90, "worker1": 104, "worker2": None}, "paused worker2", None)
+    assert course.heal_due(24.9) == []
+    assert course.heal_due(25.0) == [0]
+    course.note_steps({"worker0": 500, "worker1": 480, "worker2": 0})
+    course.heal(0, 25.2, "unpaused worker2", {"worker0": 520, "worker1": 490})
+    assert course.heal_due(40.0) == [], "healed once"
+    course.note_steps({"worker0": 900})
+    row = course.rows(2.0)[0]
+    assert row == {"fault": "pause worker2 at step 100 for 15s", "what": "pause worker2", "planned": "step 100",
+                   "hit_s": 8.0, "hit_step": 104, "done": "paused worker2", "error": None, "healed_s": 23.2,
+                   "healed": "unpaused worker2", "back_s": None,
+                   "during": {"worker0": [90, 520], "worker1": [104, 490]}}
+
+
+def test_a_nodes_end_belongs_to_the_fault_that_downed_it_until_it_is_back_and_to_the_last_one_after() -> None:
+    course = drills("kill worker1 at step 50 then restart", "restart worker1 at step 400", "pause worker2 at 5s")
+    assert course.downed("worker1") is None and course.last_on("worker1") is None
+    course.hit(0, 6.0, 52, {}, "killed worker1", None)
+    assert course.downed("worker1") is course.states[0]
+    assert course.downed("worker2") is None
+    course.back("worker1", 9.0)
+    assert course.downed("worker1") is None, "back"
+    assert course.last_on("worker1") is course.states[0], "its old process's end is still the drill's"
+    course.hit(1, 30.0, 401, {}, "restarted worker1", None)
+    assert course.last_on("worker1") is course.states[1]
+    course.hit(2, 7.0, None, {}, None, "worker2's node is gone")
+    assert course.last_on("worker2") is None, "a pause ends no process"
+
+
+def test_a_drilled_run_that_makes_no_progress_is_stalled_naming_the_last_fault() -> None:
+    course = drills("cut ps0 at step 100 for 10s", stall_s=60.0)
+    assert course.stalled(500.0, None) is None, "no drill has done anything yet"
+    course.hit(0, 10.0, 100, {}, "cut ps0", None)
+    course.heal(0, 20.0, "ps0 reconnected", {})
+    assert course.stalled(80.0, 15.0) is None
+    assert course.stalled(80.1, 15.0) is course.states[0]
+    assert course.stalled(80.1, 30.0) is None, "progress after the heal counts"
+
+
+@pytest.mark.parametrize(("finish", "expect", "hit", "judged"), [
+    (Finish(0, "ok", None), "survive", True, Finish(0, "ok", None)),
+    (Finish(1, "failed", "worker0 failed (exit 1)"), "survive", True,
+     Finish(1, "failed", "worker0 failed (exit 1) (the drill: kill worker1 at step 52 (planned at step 50))")),
+    (Finish(1, "failed", "worker0 failed (exit 1)"), "fail", True,
+     Finish(0, "ok", "as expected, the drill broke the training: worker0 failed (exit 1) (kill worker1 at step 52 "
+                     "(planned at step 50))")),
+    (Finish(0, "ok", None), "fail", True,
+     Finish(1, "survived", "the training finished despite the drill (kill worker1 at step 52 (planned at step 50)); "
+                           "it was expected to fail")),
+    (Finish(0, "ok", None), "survive", False,
+     Finish(1, "missed", "the drill did not happen: kill worker1 (planned at step 50) never hit (the training ended "
+                         "first)")),
+    (Finish(0, "ok", None), None, False, Finish(0, "ok", None)),
+    (Finish(130, "interrupted", "interrupted"), "survive", False, Finish(130, "interrupted", "interrupted")),
+])
+def test_the_verdict_of_a_drilled_run_against_what_was_expected(finish: Finish, expect: str | None, hit: bool,
+                                                                 judged: Finish) -> None:
+    course = drills("kill worker1 at step 50")
+    if hit:
+        course.hit(0, 6.0, 52, {}, "killed worker1", None)
+    assert course.judge(finish, expect) == judged
+
+
+def test_a_run_without_a_drill_is_judged_as_it_ended() -> None:
+    assert Drills([]).judge(Finish(1, "failed", "worker0 failed (exit 1)"), None) == \
+        Finish(1, "failed", "worker0 failed (exit 1)")
