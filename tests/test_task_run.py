@@ -28,7 +28,7 @@ def lab(tmp_path: Path, runner, no_nvidia_smi) -> labfiles.LabFiles:
 
 
 def session(lf: labfiles.LabFiles, executor: FakeExecutor, sink: Lines, **options) -> TaskRun:
-    return TaskRun(lf, executor, TASK, run_plan(lf.lab, TASK, grace_s=1.0), RunOptions(metrics=False, **options),
+    return TaskRun(lf, executor, TASK, run_plan(lf.lab, TASK), RunOptions(metrics=False, **options),
                    lambda log: sink)
 
 
