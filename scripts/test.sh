@@ -11,7 +11,7 @@ pass() {  # pytest's 5 means "none of these tests were selected": not a failure 
 }
 
 # The images every Docker test starts from (the local base, the node image on it) are built while
-# the unit tests run: a build waits mostly on the network and the disk, the unit tests use one core.
+# the unit tests run: a build waits mostly on the network and the disk, the unit tests mostly sleep.
 # A build that fails here is built again, and its failure shown, by the Docker tests' own fixture.
 prebuild_log=$(mktemp -t tflab-prebuild.XXXXXX)
 (
