@@ -4,6 +4,7 @@ run record and the verdict sentences. Expectations are literals, not the code's 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -76,6 +77,23 @@ def test_a_second_signal_forces_and_the_old_handlers_come_back() -> None:
         time.sleep(0.05)
     assert said == [("stopped (SIGTERM)", False), ("stopped by `tflab stop`", True)]
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+@pytest.mark.parametrize(("signum", "reason"), [(signal.SIGTERM, "stopped (SIGTERM)"),
+                                                (signal.SIGHUP, "the terminal closed (SIGHUP)")])
+def test_a_build_told_to_stop_unwinds_as_at_a_ctrl_c(signum: int, reason: str) -> None:
+    """SIGTERM's own end runs no `finally` (a killed `tflab base` left its container and tree): inside, it raises."""
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(KeyboardInterrupt, match=re.escape(reason)):
+        with signals.stopping_as_interrupted():
+            try:
+                os.kill(os.getpid(), signum)
+                time.sleep(5)
+            finally:
+                cleaned.append(True)
+    assert cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_a_new_key_pair_is_openssh_ed25519_with_its_comment() -> None:

@@ -18,6 +18,7 @@ from tflab.engine.backend import LabBackend
 from tflab.errors import TflabError, UserError
 from tflab.render import image_files
 from tflab.host import buildsettings, proc
+from tflab.host.signals import stopping_as_interrupted
 
 
 def base(
@@ -32,7 +33,7 @@ def base(
     client = daemon.client()
     mirror = buildsettings.parse_apt_sources(buildsettings.read_apt_sources())
     pip = buildsettings.pip_settings(proc.run, os.environ, ca_bundle, index_url)
-    with progress("base image") as report:
+    with progress("base image") as report, stopping_as_interrupted():
         result = local_base.build_base(client, mirror, pip, report, gpu=gpu, force=force, tensorflow=tensorflow,
                                        tag=tag)
     if result.built:
@@ -50,7 +51,7 @@ def build(
     """Build the lab's node image (skipped when an image of the same inputs exists)."""
     lf = open_lab(lab)
     client = daemon.client()
-    with progress("node image") as report:
+    with progress("node image") as report, stopping_as_interrupted():
         result = lab_ops.ensure_image(lf, client, report, force=force)
         if bake:
             folders = {sync.target: sync.source for sync in copying.syncs(lf)}
@@ -73,7 +74,7 @@ def up(lab: LabOption = Path(".")) -> None:
     """Start the lab: build if needed, start nodes, wait for sshd, copy code and data."""
     lf = open_lab(lab)
     side = backend(lf)
-    with progress("up") as report:
+    with progress("up") as report, stopping_as_interrupted():
         copied = side.up(report)
     out = console()
     out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links,

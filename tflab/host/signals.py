@@ -38,3 +38,18 @@ def stop_signals(on_stop: Callable[[str, bool], None]) -> Iterator[None]:
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+@contextmanager
+def stopping_as_interrupted() -> Iterator[None]:
+    """While inside, SIGTERM, SIGHUP and `tflab stop`'s signal end the work as Ctrl-C does (KeyboardInterrupt).
+
+    Python's own end on SIGTERM runs no `finally`: a `tflab base` killed so during its pip step left
+    the throwaway container still installing and a temporary tree of gigabytes. Raised instead, the
+    cleanups run as they do on a Ctrl-C.
+    """
+    def interrupt(reason: str, force: bool) -> None:
+        raise KeyboardInterrupt(reason)
+
+    with stop_signals(interrupt):
+        yield
