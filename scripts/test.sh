@@ -1,19 +1,57 @@
 #!/usr/bin/env bash
-# The whole test suite: the unit tests first (no engine needed; the first failure stops it),
-# then the tests that start real containers (in CI a missing engine fails them, never skips).
+# The whole test suite, in three steps:
+#  1. the unit tests (no engine needed; the first failure stops them), while the images every
+#     Docker test starts from are built;
+#  2. the tests that start real containers, in two lanes at once: the builds (images, a Slurm
+#     cluster, a second engine) and the swarm tests one after another, beside the training tests;
+#  3. the tests that measure the host (CPU use against a quota, link rates, timings), with nothing
+#     beside them.
+# In CI a missing engine fails the Docker tests, never skips them. The 15 slowest tests are
+# printed at the end. Arguments go to every pytest (a file, -k, --durations=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh chromium || exit 1
-pass() {  # pytest's 5 means "none of these tests were selected": not a failure of the suite
-    .venv/bin/python -m pytest "$@"; code=$?
+
+work=$(mktemp -d -t tflab-test.XXXXXX)
+prebuild="" lanes=()
+stop() {  # Ctrl-C, SIGTERM (CI's cancel): each lane ends as at a Ctrl-C, tearing its labs down
+    trap '' INT TERM HUP
+    [ -n "$prebuild" ] && pkill -TERM -P "$prebuild" 2>/dev/null
+    # A lane takes its first SIGTERM as a Ctrl-C and lets the rest pass; a tflab running inside one of its
+    # tests may take that first one as its own Ctrl-C: each lane is told again until it has ended.
+    for pid in "${lanes[@]}"; do
+        while kill -TERM "$pid" 2>/dev/null; do sleep 3; done
+    done
+    wait
+    if [ -s "$work/builds.log" ]; then
+        echo "test: the last lines of the builds and swarm tests:"; tail -n 15 "$work/builds.log"
+    fi
+    echo "test: interrupted (every lane has torn down its labs)"
+    exit 130
+}
+trap stop INT TERM HUP
+trap 'rm -rf "$work"' EXIT
+
+# pytest runs in the background so that a signal reaches this script at once (conftest.py turns a
+# SIGTERM into pytest's own Ctrl-C). Its 5 means "none of these tests were selected": not a failure.
+# lane NAME MARKERS ARGS...: a pytest of its own, its timings kept for the list of the slowest.
+lane() {
+    local name=$1 markers=$2; shift 2
+    .venv/bin/python -m pytest -m "$markers" -p no:cacheprovider --basetemp "$work/$name" \
+        --junitxml "$work/$name.xml" "$@" &
+    lanes+=("$!")
+}
+finish() {  # wait for the last lane started; its exit status, 0 for "none selected"
+    local code=0
+    wait "${lanes[-1]}" || code=$?
     [ "$code" -eq 5 ] && code=0
     return "$code"
 }
 
 # The images every Docker test starts from (the local base, the node image on it) are built while
-# the unit tests run: a build waits mostly on the network and the disk, the unit tests mostly sleep.
-# A build that fails here is built again, and its failure shown, by the Docker tests' own fixture.
-prebuild_log=$(mktemp -t tflab-prebuild.XXXXXX)
+# the unit tests run: a build waits mostly on the network and the disk, the unit tests use about a
+# quarter of two cores. A build that fails here is built again, and its failure shown, by the Docker
+# tests' own fixture.
 (
     set -e
     .venv/bin/python -m tflab base
@@ -23,17 +61,39 @@ prebuild_log=$(mktemp -t tflab-prebuild.XXXXXX)
     .venv/bin/python -m tflab gen --lab "$lab/lab" --nodes 1 --name "prebuild$RANDOM" \
         --ssh-port-base "$port" --tensorboard-port-base "$((port + 10))" >/dev/null
     .venv/bin/python -m tflab build --lab "$lab/lab"
-) >"$prebuild_log" 2>&1 &
+) >"$work/prebuild.log" 2>&1 &
 prebuild=$!
 prebuilt() {  # wait for the build (never left half done), and say how it went
     if wait "$prebuild"; then
-        echo "test: images built beside the unit tests:"; tail -n 2 "$prebuild_log"; rm -f "$prebuild_log"
+        echo "test: images built beside the unit tests:"; tail -n 2 "$work/prebuild.log"
     else
         echo "test: building the images beside the unit tests failed (the Docker tests' fixture tries again):"
-        tail -n 20 "$prebuild_log"; echo "(all of it: $prebuild_log)"
+        tail -n 20 "$work/prebuild.log"
     fi
+    prebuild=""
 }
 
-pass -m "not docker" -x -q -rs --durations=15 "$@" || { code=$?; prebuilt; exit "$code"; }
+lane unit "not docker" -x -q -rs "$@"
+finish || { code=$?; prebuilt; exit "$code"; }
 prebuilt
-pass -m docker -v -rs --durations=15 "$@"  # the 15 slowest tests, measured, at the end
+
+# Two lanes share the engine: neither may take down what the other made (conftest.py).
+echo "test: the Docker tests: the builds and swarm tests (their output follows the others') beside the rest"
+TFLAB_TESTS_SHARED_ENGINE=1 lane builds "docker and (builds or swarm) and not alone" -v -rs "$@" \
+    >"$work/builds.log" 2>&1
+builds=${lanes[-1]}
+TFLAB_TESTS_SHARED_ENGINE=1 lane beside "docker and not builds and not swarm and not alone" -v -rs "$@"
+finish; code=$?
+wait "$builds"; built=$?
+[ "$built" -eq 5 ] && built=0
+echo "test: the builds and swarm tests, run beside the tests above:"
+cat "$work/builds.log"
+[ "$code" -ne 0 ] || code=$built
+
+echo "test: the tests that measure the host, with nothing beside them"
+lane alone "docker and alone" -v -rs "$@"
+finish; alone=$?
+[ "$code" -ne 0 ] || code=$alone
+
+.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/beside.xml" "$work/builds.xml" "$work/alone.xml"
+exit "$code"

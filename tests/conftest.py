@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,28 @@ REPO = Path(__file__).resolve().parent.parent
 # developer who says so (TFLAB_TESTS_ALLOW_SKIP=1) gets skips instead.
 ALLOW_SKIP = os.environ.get("TFLAB_TESTS_ALLOW_SKIP", "") not in ("", "0")
 cli = typer.main.get_command(app)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """SIGTERM (CI's cancel, a timeout, scripts/test.sh stopping a lane) ends the session as Ctrl-C does.
+
+    Python's own end on SIGTERM runs no teardown: every lab, swarm and cluster of the running tests
+    would be left on the engine. As a KeyboardInterrupt, pytest tears their fixtures down first; a
+    second signal (the terminal's Ctrl-C and the script's SIGTERM both reach a lane) is let pass, so
+    it cannot cut that teardown short.
+    A session started in the background (a lane of scripts/test.sh) inherits SIGINT ignored, and so
+    would every `tflab` a test starts and then interrupts: SIGINT is made Python's own again.
+    A test that runs tflab in this process may see the KeyboardInterrupt as tflab's own Ctrl-C (exit
+    130): the session is told to stop after that test as well.
+    """
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        session.shouldstop = f"stopped by signal {signum}"
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
 
 
 def missing(what: str) -> None:
@@ -84,9 +107,11 @@ def docker_client():
         client = daemon.client()
     except Exception as exc:  # noqa: BLE001
         missing(f"no Docker Engine: {exc}")
-    if client.containers.list(all=True, filters={"label": "tflab.fixture=two-hosts"}):
+    if (os.environ.get("TFLAB_TESTS_SHARED_ENGINE", "") in ("", "0")
+            and client.containers.list(all=True, filters={"label": "tflab.fixture=two-hosts"})):
         # An interrupted two-host walk left host b and its two-node swarm: every swarm test would
         # meet a swarm that needs a registry. The fixture's own `down` removes exactly what it made.
+        # Not while another session shares this engine (scripts/test.sh's lanes): its walk may be running.
         subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "down"],
                        capture_output=True, timeout=300)
     return client

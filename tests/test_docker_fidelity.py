@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, cli
 from test_docker_run import add_tasks
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
 PROGRAMS = REPO / "tests" / "programs"
 SHORT = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
          "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=300")

@@ -15,7 +15,7 @@ from conftest import REPO, cli
 from tflab.engine.containers import probe_qdiscs
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
 PROGRAMS = REPO / "tests" / "programs"
 TFLAB = [sys.executable, "-m", "tflab"]
 

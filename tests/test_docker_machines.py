@@ -43,6 +43,7 @@ def test_one_cpu_per_node_is_one_cpu_each(labs, runner) -> None:
         assert in_node(lab, node, "sh", "-c", "echo $TFLAB_NUM_CPUS $OMP_NUM_THREADS").split() == ["1", "1"]
 
 
+@pytest.mark.alone  # a busy node's CPU use, read against its quota
 def test_auto_gives_four_nodes_quotas_within_the_hosts_cpus_and_top_sees_a_busy_node_at_its_quota(
         labs, runner) -> None:
     auto = labs.gen(nodes=4)

@@ -16,7 +16,7 @@ from test_docker_secrets import closed_port, saved_image_holds
 
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.builds]
 
 USES = """import subprocess
 import tabulate

@@ -69,6 +69,7 @@ def test_a_signal_to_a_foreground_run_stops_everything_with_a_verdict(long_lab: 
     assert (record["state"], record["verdict"], record["exit_code"]) == ("finished", "interrupted", 130)
 
 
+@pytest.mark.alone  # the README's 15 s from tflab's death to a clean lab, timed
 def test_kill_9_of_tflab_leaves_nothing_and_the_next_run_clears_leftovers(long_lab: Path, docker_client) -> None:
     lf = labfiles.open_lab(long_lab)
     child = start_run(long_lab, "long")

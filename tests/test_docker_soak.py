@@ -20,7 +20,7 @@ from test_docker_run import add_tasks, task_processes
 
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
 # The example's training, shorter: a soak needs runs that end, many of them, not accuracy.
 SHORT_TRAIN = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
                "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=300")

@@ -18,7 +18,7 @@ from test_docker_run import add_tasks
 
 from tflab.run import runreport
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
 TFLAB = [sys.executable, "-m", "tflab"]
 
 # A stand-in for training whose cluster follows the parameter-server cost model: each worker's step

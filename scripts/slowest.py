@@ -1,0 +1,44 @@
+"""The N slowest tests over pytest's JUnit reports (scripts/test.sh runs the suite in lanes, one report each).
+
+    python scripts/slowest.py 15 unit.xml beside.xml builds.xml alone.xml
+
+Each test's time is its setup, call and teardown (pytest's default for these reports). A report
+that is missing (its lane did not run) is passed over. Each line names the lane the test ran in:
+the lanes `beside` and `builds` ran at the same time, so their tests' times include sharing the
+host's two cores with the other lane.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def timings(report: Path) -> list[tuple[float, str]]:
+    """(seconds, module::test) of every test case in one report."""
+    cases = ET.parse(report).getroot().iter("testcase")
+    return [(float(case.get("time", 0)), node_id(case.get("classname", ""), case.get("name", ""))) for case in cases]
+
+
+def node_id(classname: str, name: str) -> str:
+    """pytest's own name of a test (tests/test_x.py::Class::test) from a report's dotted class name."""
+    parts = classname.split(".")
+    module = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+    return "::".join(["/".join(parts[:module + 1]) + ".py", *parts[module + 1:], name])
+
+
+def main(argv: list[str]) -> int:
+    count, reports = int(argv[0]), [Path(a) for a in argv[1:]]
+    rows = [(seconds, name, report.stem) for report in reports if report.is_file()
+            for seconds, name in timings(report)]
+    if not rows:
+        return 0
+    print(f"test: the {min(count, len(rows))} slowest tests (setup, call and teardown; the lane each ran in):")
+    for seconds, name, lane in sorted(rows, reverse=True)[:count]:
+        print(f"{seconds:8.1f}s  {lane:<7} {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

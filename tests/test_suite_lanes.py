@@ -1,0 +1,99 @@
+"""What scripts/test.sh relies on to run the suite in lanes: a lane told to stop tears its fixtures down,
+and the list of the slowest tests is read from every lane's report."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO
+
+SLEEPER = '''
+import time
+import pytest
+
+@pytest.fixture
+def lab(tmp_path_factory):
+    yield
+    (OUT / "tearing down").write_text("yes")
+    time.sleep(1)  # a lab's removal takes a while
+    (OUT / "torn down").write_text("yes")
+
+def test_sleeps(lab):
+    (OUT / "started").write_text("yes")
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:  # as a tflab run in this process takes it, for its own Ctrl-C (exit 130)
+        pytest.fail("interrupted")
+
+def test_never_reached():
+    (OUT / "second test").write_text("yes")
+'''
+
+
+def start_lane(tmp_path: Path, *, background: bool) -> subprocess.Popen:
+    """A pytest session with this suite's conftest, as test.sh starts a lane (SIGINT ignored when in the background)."""
+    (tmp_path / "test_sleeper.py").write_text(f"from pathlib import Path\nOUT = Path({str(tmp_path)!r})\n{SLEEPER}")
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                              "--rootdir", str(tmp_path), str(tmp_path / "test_sleeper.py")],
+                             cwd=tmp_path, env={"PYTHONPATH": str(REPO / "tests"), "PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()[0]
+        time.sleep(0.1)
+    return child
+
+
+def test_a_lane_told_to_stop_by_sigterm_tears_its_fixtures_down_and_runs_nothing_more(tmp_path: Path) -> None:
+    child = start_lane(tmp_path, background=False)
+    child.send_signal(signal.SIGTERM)
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 2, out  # pytest's "interrupted"
+    assert "Interrupted: stopped by signal 15" in out
+    assert (tmp_path / "torn down").read_text() == "yes"
+    assert not (tmp_path / "second test").exists()
+
+
+def test_a_lane_started_in_the_background_still_takes_a_ctrl_c_and_a_second_signal_cuts_no_teardown(
+        tmp_path: Path) -> None:
+    child = start_lane(tmp_path, background=True)  # SIGINT ignored, as bash leaves it for a job run with &
+    child.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "tearing down").exists():
+        assert time.monotonic() < deadline, "a Ctrl-C did not stop the test"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)  # test.sh's own, while the labs are being removed
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 2, out
+    assert (tmp_path / "torn down").read_text() == "yes"
+    assert not (tmp_path / "second test").exists()
+
+
+REPORT = '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="{n}">{cases}</testsuite>
+</testsuites>'''
+
+
+def report(path: Path, cases: list[tuple[str, str, float]]) -> Path:
+    path.write_text(REPORT.format(n=len(cases), cases="".join(
+        f'<testcase classname="{c}" name="{n}" time="{t}" />' for c, n, t in cases)))
+    return path
+
+
+def test_the_slowest_tests_are_listed_over_every_lane_with_the_lane_each_ran_in(tmp_path: Path) -> None:
+    beside = report(tmp_path / "beside.xml", [("tests.test_docker_run", "test_async", 48.4),
+                                              ("tests.test_docker_lab", "test_two_labs", 6.0)])
+    builds = report(tmp_path / "builds.xml", [("tests.test_docker_slurm", "test_slurm", 155.6),
+                                              ("tests.test_k8s.TestManifests", "test_valid[ps]", 0.25)])
+    shown = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest.py"), "3", str(beside), str(builds),
+                            str(tmp_path / "alone.xml")], capture_output=True, text=True, check=True).stdout
+    assert shown.splitlines() == [
+        "test: the 3 slowest tests (setup, call and teardown; the lane each ran in):",
+        "   155.6s  builds  tests/test_docker_slurm.py::test_slurm",
+        "    48.4s  beside  tests/test_docker_run.py::test_async",
+        "     6.0s  beside  tests/test_docker_lab.py::test_two_labs",
+    ]
