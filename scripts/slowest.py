@@ -1,10 +1,10 @@
 """The N slowest tests over pytest's JUnit reports (scripts/test.sh runs the suite in lanes, one report each).
 
-    python scripts/slowest.py 15 unit.xml beside.xml builds.xml alone.xml
+    python scripts/slowest.py 15 unit.xml beside.xml waits.xml alone.xml
 
 Each test's time is its setup, call and teardown (pytest's default for these reports). A report
 that is missing (its lane did not run) is passed over. Each line names the lane the test ran in:
-the lanes `beside` and `builds` ran at the same time, so their tests' times include sharing the
+the lanes `beside` and `waits` ran at the same time, so their tests' times include sharing the
 host's two cores with the other lane.
 """
 

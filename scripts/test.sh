@@ -2,8 +2,9 @@
 # The whole test suite, in three steps:
 #  1. the unit tests (no engine needed; the first failure stops them), while the images every
 #     Docker test starts from are built;
-#  2. the tests that start real containers, in two lanes at once: the builds (images, a Slurm
-#     cluster, a second engine) and the swarm tests one after another, beside the training tests;
+#  2. the tests that start real containers, in two lanes at once: those that mostly wait (builds
+#     of images, a Slurm cluster, a second engine; late workers) and the swarm tests one after
+#     another, beside the training tests;
 #  3. the tests that measure the host (CPU use against a quota, link rates, timings), with nothing
 #     beside them.
 # In CI a missing engine fails the Docker tests, never skips them. The 15 slowest tests are
@@ -23,8 +24,8 @@ stop() {  # Ctrl-C, SIGTERM (CI's cancel): each lane ends as at a Ctrl-C, tearin
         while kill -TERM "$pid" 2>/dev/null; do sleep 3; done
     done
     wait
-    if [ -s "$work/builds.log" ]; then
-        echo "test: the last lines of the builds and swarm tests:"; tail -n 15 "$work/builds.log"
+    if [ -s "$work/waits.log" ]; then
+        echo "test: the last lines of the waiting and swarm tests:"; tail -n 15 "$work/waits.log"
     fi
     echo "test: interrupted (every lane has torn down its labs)"
     exit 130
@@ -78,22 +79,22 @@ finish || { code=$?; prebuilt; exit "$code"; }
 prebuilt
 
 # Two lanes share the engine: neither may take down what the other made (conftest.py).
-echo "test: the Docker tests: the builds and swarm tests (their output follows the others') beside the rest"
-TFLAB_TESTS_SHARED_ENGINE=1 lane builds "docker and (builds or swarm) and not alone" -v -rs "$@" \
-    >"$work/builds.log" 2>&1
-builds=${lanes[-1]}
-TFLAB_TESTS_SHARED_ENGINE=1 lane beside "docker and not builds and not swarm and not alone" -v -rs "$@"
+echo "test: the Docker tests: the waiting and swarm tests (their output follows the others') beside the rest"
+TFLAB_TESTS_SHARED_ENGINE=1 lane waits "docker and (waits or swarm) and not alone" -v -rs "$@" \
+    >"$work/waits.log" 2>&1
+waiting=${lanes[-1]}
+TFLAB_TESTS_SHARED_ENGINE=1 lane beside "docker and not waits and not swarm and not alone" -v -rs "$@"
 finish; code=$?
-wait "$builds"; built=$?
-[ "$built" -eq 5 ] && built=0
-echo "test: the builds and swarm tests, run beside the tests above:"
-cat "$work/builds.log"
-[ "$code" -ne 0 ] || code=$built
+wait "$waiting"; waited=$?
+[ "$waited" -eq 5 ] && waited=0
+echo "test: the waiting and swarm tests, run beside the tests above:"
+cat "$work/waits.log"
+[ "$code" -ne 0 ] || code=$waited
 
 echo "test: the tests that measure the host, with nothing beside them"
 lane alone "docker and alone" -v -rs "$@"
 finish; alone=$?
 [ "$code" -ne 0 ] || code=$alone
 
-.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/beside.xml" "$work/builds.xml" "$work/alone.xml"
+.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/beside.xml" "$work/waits.xml" "$work/alone.xml"
 exit "$code"

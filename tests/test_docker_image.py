@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.waits]
 
 
 def test_second_build_does_no_work(labs, runner) -> None:

@@ -12,7 +12,7 @@ from test_docker_run import add_tasks, task_processes
 
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
 LATE = ("python /workspace/late_worker.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
         "--worker_hosts={worker_hosts}")
 

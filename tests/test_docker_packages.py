@@ -16,7 +16,7 @@ from test_docker_secrets import closed_port, saved_image_holds
 
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
 
 USES = """import subprocess
 import tabulate

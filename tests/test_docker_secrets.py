@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
 
 
 def closed_port() -> int:

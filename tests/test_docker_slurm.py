@@ -17,7 +17,7 @@ from test_docker_run import add_tasks
 from tflab.engine.containers import lab_containers
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
 FIXTURE = [sys.executable, str(REPO / "scripts" / "slurm_cluster.py")]
 HANG = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOSTS##*:}; fi; "
         "if [ {task_index} = 1 ]; then exec sleep 600; fi; echo 'done here'")

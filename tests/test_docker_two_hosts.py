@@ -27,7 +27,7 @@ from test_docker_swarm import complete_checkpoint
 
 from tflab.render import templates
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.swarm, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.swarm, pytest.mark.waits]
 
 FIXTURE = REPO / "scripts" / "two_hosts.py"
 TFLAB = Path(sys.executable).parent / "tflab"

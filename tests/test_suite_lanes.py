@@ -87,13 +87,13 @@ def report(path: Path, cases: list[tuple[str, str, float]]) -> Path:
 def test_the_slowest_tests_are_listed_over_every_lane_with_the_lane_each_ran_in(tmp_path: Path) -> None:
     beside = report(tmp_path / "beside.xml", [("tests.test_docker_run", "test_async", 48.4),
                                               ("tests.test_docker_lab", "test_two_labs", 6.0)])
-    builds = report(tmp_path / "builds.xml", [("tests.test_docker_slurm", "test_slurm", 155.6),
+    waits = report(tmp_path / "waits.xml", [("tests.test_docker_slurm", "test_slurm", 155.6),
                                               ("tests.test_k8s.TestManifests", "test_valid[ps]", 0.25)])
-    shown = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest.py"), "3", str(beside), str(builds),
+    shown = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest.py"), "3", str(beside), str(waits),
                             str(tmp_path / "alone.xml")], capture_output=True, text=True, check=True).stdout
     assert shown.splitlines() == [
         "test: the 3 slowest tests (setup, call and teardown; the lane each ran in):",
-        "   155.6s  builds  tests/test_docker_slurm.py::test_slurm",
+        "   155.6s  waits   tests/test_docker_slurm.py::test_slurm",
         "    48.4s  beside  tests/test_docker_run.py::test_async",
         "     6.0s  beside  tests/test_docker_lab.py::test_two_labs",
     ]

@@ -15,7 +15,7 @@ from conftest import REPO
 from tflab.engine import compose_lab as lab_ops
 from tflab.host import labfiles
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
 
 
 @pytest.fixture(scope="module")
