@@ -35,6 +35,18 @@ def add_tasks(lab: Path, tasks: dict) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
+def shorten(lab: Path, task: str, steps: int) -> None:
+    """A task of the examples trained for `steps` steps, as a user edits tflab.yaml when a run needs an end."""
+    path = lab / "tflab.yaml"
+    doc = yaml.safe_load(path.read_text())
+    spec = doc["tasks"][task]
+    if isinstance(spec, str):
+        doc["tasks"][task] = f"{spec} --train_steps={steps}"
+    else:
+        spec["command"] = f"{spec['command']} --train_steps={steps}"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
 SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*.pid; "
          "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,stat=,args=")
 
@@ -139,7 +151,9 @@ def test_async_training_ends_with_accuracy_checkpoint_and_no_ps_left(ps_lab: Pat
     assert (run_dir / "logs" / "worker1.log").read_text().count("global step") >= 1
     assert task_processes(docker_client, lf.project) == {}
 
-    # A second run starts clean: the previous outputs are moved aside, nothing stale is read.
+    # A second run starts clean: the previous outputs are moved aside, nothing stale is read. It and the
+    # resume need an end, not an accuracy: the user shortens the task in tflab.yaml.
+    shorten(ps_lab, "train", 200)
     again = runner.invoke(cli, ["run", "train", "--lab", str(ps_lab)])
     assert again.exit_code == 0, again.stdout[-3000:]
     assert "worker0: starting fresh in /runs/train" in again.stdout
