@@ -159,6 +159,7 @@ time.sleep(3600)  # a worker that never ends: waiting for something that will no
 """
 
 
+@pytest.mark.alone  # timed: stopped within the 5 s grace and 10 s
 def test_a_worker_exec_that_hangs_after_the_chief_is_told_and_stopped_within_the_grace(exec_lab: Path, runner,
                                                                                        docker_client) -> None:
     (exec_lab / "code" / "hangs.py").write_text(HANGS)

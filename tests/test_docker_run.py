@@ -164,6 +164,7 @@ def test_async_training_ends_with_accuracy_checkpoint_and_no_ps_left(ps_lab: Pat
     assert "worker0: resuming from /runs/train/model.ckpt-" in resumed.stdout
 
 
+@pytest.mark.alone  # timed: reported between 33 and 75 s
 def test_hung_worker_is_reported_and_stopped(ps_lab: Path, runner, docker_client) -> None:
     add_tasks(ps_lab, {"hang": "sh -c 'if [ {node} = worker2 ]; then sleep 600; fi; "
                                "if [ {job_name} = ps ]; then python -m http.server 2222; fi'"})
@@ -179,6 +180,7 @@ def test_hung_worker_is_reported_and_stopped(ps_lab: Path, runner, docker_client
     assert task_processes(docker_client, labfiles.open_lab(ps_lab).project) == {}
 
 
+@pytest.mark.alone  # timed: the run ends within 60 s of the kill
 def test_killed_worker_fails_the_run_fast_and_stops_the_rest(ps_lab: Path, docker_client) -> None:
     lf = labfiles.open_lab(ps_lab)
     add_tasks(ps_lab, {"long": "python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} "

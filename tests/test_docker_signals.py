@@ -99,6 +99,7 @@ def test_kill_9_of_tflab_leaves_nothing_and_the_next_run_clears_leftovers(long_l
     assert gone_within(docker_client, lf.project, 10) == {}
 
 
+@pytest.mark.alone  # timed: the run ends within 120 s of a closed pipe
 def test_a_closed_stdout_ends_the_run_by_itself(long_lab: Path, docker_client) -> None:
     project = labfiles.open_lab(long_lab).project
     started = time.monotonic()
@@ -110,6 +111,7 @@ def test_a_closed_stdout_ends_the_run_by_itself(long_lab: Path, docker_client) -
     assert gone_within(docker_client, project, 10) == {}
 
 
+@pytest.mark.alone  # timed: the run ends within 60 s of the stop
 def test_a_stopped_worker_container_ends_the_run_naming_it(long_lab: Path, docker_client) -> None:
     lf = labfiles.open_lab(long_lab)
     child = start_run(long_lab, "long")
