@@ -14,13 +14,14 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh chromium || exit 1
 
 work=$(mktemp -d -t tflab-test.XXXXXX)
-prebuild="" lanes=()
+prebuild="" lane_pid=""
 stop() {  # Ctrl-C, SIGTERM (CI's cancel): each lane ends as at a Ctrl-C, tearing its labs down
     trap '' INT TERM HUP
     [ -n "$prebuild" ] && pkill -TERM -P "$prebuild" 2>/dev/null
     # A lane takes its first SIGTERM as a Ctrl-C and lets the rest pass; a tflab running inside one of its
-    # tests may take that first one as its own Ctrl-C: each lane is told again until it has ended.
-    for pid in "${lanes[@]}"; do
+    # tests may take that first one as its own Ctrl-C: each running lane is told again until it has ended.
+    for pid in $(jobs -pr); do
+        [ "$pid" = "$prebuild" ] && continue  # the build's own tflab was told above
         while kill -TERM "$pid" 2>/dev/null; do sleep 3; done
     done
     wait
@@ -40,11 +41,11 @@ lane() {
     local name=$1 markers=$2; shift 2
     .venv/bin/python -m pytest -m "$markers" -p no:cacheprovider --basetemp "$work/$name" \
         --junitxml "$work/$name.xml" "$@" &
-    lanes+=("$!")
+    lane_pid=$!
 }
 finish() {  # wait for the last lane started; its exit status, 0 for "none selected"
     local code=0
-    wait "${lanes[-1]}" || code=$?
+    wait "$lane_pid" || code=$?
     [ "$code" -eq 5 ] && code=0
     return "$code"
 }
@@ -82,7 +83,7 @@ prebuilt
 echo "test: the Docker tests: the waiting and swarm tests (their output follows the others') beside the rest"
 TFLAB_TESTS_SHARED_ENGINE=1 lane waits "docker and (waits or swarm) and not alone" -v -rs "$@" \
     >"$work/waits.log" 2>&1
-waiting=${lanes[-1]}
+waiting=$lane_pid
 TFLAB_TESTS_SHARED_ENGINE=1 lane beside "docker and not waits and not swarm and not alone" -v -rs "$@"
 finish; code=$?
 wait "$waiting"; waited=$?
