@@ -1,10 +1,10 @@
 """The N slowest tests over pytest's JUnit reports (scripts/test.sh runs the suite in lanes, one report each).
 
-    python scripts/slowest.py 15 unit.xml beside.xml waits.xml alone.xml
+    python scripts/slowest.py 15 unit.xml training.xml waits.xml alone.xml
 
 Each test's time is its setup, call and teardown (pytest's default for these reports). A report
 that is missing (its lane did not run) is passed over. Each line names the lane the test ran in:
-the lanes `beside` and `waits` ran at the same time, so their tests' times include sharing the
+with TFLAB_TESTS_LANES=2 the lanes `training` and `waits` run at the same time, and their tests' times include sharing the
 host's two cores with the other lane.
 """
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"test: the {min(count, len(rows))} slowest tests (setup, call and teardown; the lane each ran in):")
     for seconds, name, lane in sorted(rows, reverse=True)[:count]:
-        print(f"{seconds:8.1f}s  {lane:<7} {name}")
+        print(f"{seconds:8.1f}s  {lane:<8} {name}")
     return 0
 
 

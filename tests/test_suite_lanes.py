@@ -93,7 +93,7 @@ def test_the_slowest_tests_are_listed_over_every_lane_with_the_lane_each_ran_in(
                             str(tmp_path / "alone.xml")], capture_output=True, text=True, check=True).stdout
     assert shown.splitlines() == [
         "test: the 3 slowest tests (setup, call and teardown; the lane each ran in):",
-        "   155.6s  waits   tests/test_docker_slurm.py::test_slurm",
-        "    48.4s  beside  tests/test_docker_run.py::test_async",
-        "     6.0s  beside  tests/test_docker_lab.py::test_two_labs",
+        "   155.6s  waits    tests/test_docker_slurm.py::test_slurm",
+        "    48.4s  beside   tests/test_docker_run.py::test_async",
+        "     6.0s  beside   tests/test_docker_lab.py::test_two_labs",
     ]
