@@ -7,9 +7,11 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
+
+
+@contextmanager
+def killed_after(child: subprocess.Popen, timeout: float) -> Iterator[None]:
+    """While inside, `child` is killed once `timeout` seconds have passed: a read of its output that waits
+    for a line it never prints ends (at its end of file) instead of blocking past any deadline. A child
+    that leads its own session is killed with all of it (what it started holds the same pipe)."""
+    def kill() -> None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            child.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def missing(what: str) -> None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import cli, killed_after
 from test_docker_run import add_tasks, task_processes
 
 from tflab.host import labfiles
@@ -27,16 +27,14 @@ class Terminal:
         self.lines: list[str] = []
 
     def wait_for(self, text: str, timeout: float = 180) -> str:
-        deadline = time.monotonic() + timeout
+        """The line holding `text`; the exec is killed, and the test fails, once `timeout` passed."""
         assert self.child.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.child.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if text in line:
-                return line
-        raise AssertionError(f"never saw {text!r}; saw:\n{''.join(self.lines[-30:])}")
+        with killed_after(self.child, timeout):
+            for line in iter(self.child.stdout.readline, ""):
+                self.lines.append(line)
+                if text in line:
+                    return line
+        raise AssertionError(f"never saw {text!r} within {timeout:.0f} s; saw:\n{''.join(self.lines[-30:])}")
 
     def end(self, timeout: float = 60) -> tuple[int, str]:
         rest, _ = self.child.communicate(timeout=timeout)

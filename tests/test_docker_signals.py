@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import killed_after, cli
 from test_docker_run import task_processes
 
 from tflab_guard.protocol import LEASE_S, STOP_GRACE_S
@@ -31,17 +31,16 @@ def start_run(lab: Path, *args: str) -> subprocess.Popen:
 
 
 def read_until(child: subprocess.Popen, text: str, timeout: float = 180) -> str:
+    """What the child printed up to the line holding `text`; killed, and a failure, once `timeout` passed
+    (a run that prints nothing would block `readline` past any deadline checked between lines)."""
     seen = []
-    deadline = time.monotonic() + timeout
     assert child.stdout is not None
-    while time.monotonic() < deadline:
-        line = child.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-    raise AssertionError(f"never saw {text!r}:\n{''.join(seen[-30:])}")
+    with killed_after(child, timeout):
+        for line in iter(child.stdout.readline, ""):
+            seen.append(line)
+            if text in line:
+                return "".join(seen)
+    raise AssertionError(f"never saw {text!r} within {timeout:.0f} s:\n{''.join(seen[-30:])}")
 
 
 def gone_within(client, project: str, seconds: float) -> dict:

@@ -97,3 +97,15 @@ def test_the_slowest_tests_are_listed_over_every_lane_with_the_lane_each_ran_in(
         "    48.4s  beside   tests/test_docker_run.py::test_async",
         "     6.0s  beside   tests/test_docker_lab.py::test_two_labs",
     ]
+
+
+def test_a_read_that_waits_for_a_line_never_printed_ends_at_its_timeout() -> None:
+    from conftest import killed_after
+
+    child = subprocess.Popen(["sh", "-c", "echo one; sleep 60"], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)  # as the tests start tflab; its sleep holds the pipe too
+    began = time.monotonic()
+    with killed_after(child, 1.0):
+        lines = list(iter(child.stdout.readline, ""))
+    assert lines == ["one\n"] and time.monotonic() - began < 10
+    assert child.wait(timeout=10) == -signal.SIGKILL
