@@ -43,9 +43,9 @@ lane() {
         --junitxml "$work/$name.xml" "$@" &
     lane_pid=$!
 }
-finish() {  # wait for the last lane started; its exit status, 0 for "none selected"
+finish() {  # wait for a lane (the last started unless named); its exit status, 0 for "none selected"
     local code=0
-    wait "$lane_pid" || code=$?
+    wait "${1:-$lane_pid}" || code=$?
     [ "$code" -eq 5 ] && code=0
     return "$code"
 }
@@ -89,8 +89,7 @@ if [ "${TFLAB_TESTS_LANES:-1}" = 2 ]; then
     waiting=$lane_pid
     TFLAB_TESTS_SHARED_ENGINE=1 lane training "docker and not waits and not swarm and not alone" -v -rs "$@"
     finish; code=$?
-    wait "$waiting"; waited=$?
-    [ "$waited" -eq 5 ] && waited=0
+    finish "$waiting"; waited=$?
     echo "test: the waiting and swarm tests, run beside the tests above:"
     cat "$work/waits.log"
 else
