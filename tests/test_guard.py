@@ -360,6 +360,35 @@ def test_stop_clears_what_an_earlier_run_left_and_only_that(guard, verb, state: 
     other.wait(timeout=10)
 
 
+# A guard as the real one ends: its record removed once its program has ended, then its own exit, here slow
+# (a loaded host's, where the whole interpreter still has to wind down).
+LINGERING_GUARD = """
+import subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from tflab_guard import registry
+key = sys.argv[2]
+registry.begin(key)
+program = subprocess.Popen(["sleep", "300"], start_new_session=True)
+registry.write_pid(key, program.pid)
+print("started", flush=True)
+program.wait()
+registry.unlink(registry.guard_path(key))
+time.sleep(2)
+"""
+
+
+def test_a_stop_returns_once_the_guard_itself_has_exited_not_its_record(python: Path, zipapp: Path, verb, env,
+                                                                          state: Path) -> None:
+    owner = subprocess.Popen([str(python), "-c", LINGERING_GUARD, str(zipapp), "run:train:worker0"], env=env,
+                             stdout=subprocess.PIPE, universal_newlines=True)
+    assert owner.stdout.readline() == "started\n"
+    began = time.monotonic()
+    assert verb("stop", "run:train:*", "--grace", "3") == 0
+    assert not running(owner.pid), "stop returned while the guard still ran"
+    assert time.monotonic() - began >= 2
+    assert owner.wait(timeout=10) == 0, "waited on to its own end (within the grace and a second), not killed"
+
+
 def test_two_stops_at_once_both_finish_cleanly(python: Path, zipapp: Path, env, state: Path) -> None:
     state.mkdir(parents=True)
     for round_ in range(5):

@@ -147,6 +147,20 @@ def read_guard(key):
     return _live(guard_path(key))
 
 
+def guard_identity(key):
+    """KEY's live guard as (pid, start time), or None. A guard removes its record a moment before it has
+    exited: whoever must see it gone waits on this, not on the record."""
+    pid = read_guard(key)
+    return None if pid is None else (pid, start_time(pid))
+
+
+def lives(identity):
+    """Whether the process `identity` (pid, start time) names still runs (a zombie has ended; a recycled
+    pid is another process)."""
+    pid, started = identity
+    return start_time(pid) == started and not zombie(pid)
+
+
 def _live(path):
     """The pid a `PID STARTTIME` record names while that very process lives (not a recycled pid, not a zombie)."""
     pid = _recorded(path)

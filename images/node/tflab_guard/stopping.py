@@ -18,12 +18,13 @@ def stop(args):
         keys = sorted({key for key, _ in registry.matching(args.patterns)}
                       | {key for key, _ in registry.matching(args.patterns, suffix=".guard")})
         targets = [(key, registry.read_pid(key)) for key in keys]
+        owners = {key: registry.guard_identity(key) for key in keys}
     for key, pgid in targets:
         registry.mark_stopped(key)
-        guard = registry.read_guard(key)
+        guard = owners[key]
         if pgid is None and guard is not None:  # held, its program not started: its guard says how it ended
             try:
-                os.kill(guard, signal.SIGTERM)
+                os.kill(guard[0], signal.SIGTERM)
             except OSError:
                 pass
     threads = [threading.Thread(target=groups.stop_group, args=(pgid, args.grace, args.force))
@@ -33,16 +34,20 @@ def stop(args):
     for thread in threads:
         thread.join()
     # Stopped means gone: the guards that own those processes too (they end once their program
-    # has, having written how it ended); one that lingers past the grace is killed.
+    # has, having written how it ended); one that lingers past the grace is killed. Each is waited on
+    # as the process it is: its record goes a moment before the process has exited.
     for key, _ in targets:
-        if not registry.wait_gone(lambda: registry.read_guard(key), 1 if args.force else args.grace + 1):
-            pid = registry.read_guard(key)
-            if pid is not None:
+        owner = owners[key]
+        if owner is not None:
+            def alive(owner=owner):
+                return owner[0] if registry.lives(owner) else None
+
+            if not registry.wait_gone(alive, 1 if args.force else args.grace + 1):
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(owner[0], signal.SIGKILL)
                 except OSError:
                     pass
-                registry.wait_gone(lambda: registry.read_guard(key), 2)
+                registry.wait_gone(alive, 2)
         registry.unlink(registry.guard_path(key))
     if args.forget:
         # A new run of these keys starts now: an earlier ending must not answer for it (a probe would take
