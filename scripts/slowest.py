@@ -2,8 +2,10 @@
 
     python scripts/slowest.py 15 unit.xml training.xml waits.xml alone.xml
 
-Each test's time is its setup, call and teardown (pytest's default for these reports). A report
-that is missing (its lane did not run) is passed over. Each line names the lane the test ran in:
+Each test's time is its setup, call and teardown (pytest's default for these reports), and beside it
+the CPU time the whole host spent over them (tests/conftest.py records it: two cores give at most twice
+the time; a test far below its time mostly waited). A report that is missing (its lane did not run) is
+passed over. Each line names the lane the test ran in:
 with TFLAB_TESTS_LANES=2 the lanes `training` and `waits` run at the same time, and their tests' times include sharing the
 host's two cores with the other lane.
 """
@@ -15,10 +17,15 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def timings(report: Path) -> list[tuple[float, str]]:
-    """(seconds, module::test) of every test case in one report."""
-    cases = ET.parse(report).getroot().iter("testcase")
-    return [(float(case.get("time", 0)), node_id(case.get("classname", ""), case.get("name", ""))) for case in cases]
+def timings(report: Path) -> list[tuple[float, str, float | None]]:
+    """(seconds, module::test, the host's CPU seconds or None) of every test case in one report."""
+    return [(float(case.get("time", 0)), node_id(case.get("classname", ""), case.get("name", "")), host_cpu(case))
+            for case in ET.parse(report).getroot().iter("testcase")]
+
+
+def host_cpu(case: ET.Element) -> float | None:
+    found = case.find("properties/property[@name='host_cpu_s']")
+    return float(found.get("value")) if found is not None else None
 
 
 def node_id(classname: str, name: str) -> str:
@@ -30,13 +37,15 @@ def node_id(classname: str, name: str) -> str:
 
 def main(argv: list[str]) -> int:
     count, reports = int(argv[0]), [Path(a) for a in argv[1:]]
-    rows = [(seconds, name, report.stem) for report in reports if report.is_file()
-            for seconds, name in timings(report)]
+    rows = [(seconds, name, report.stem, cpu) for report in reports if report.is_file()
+            for seconds, name, cpu in timings(report)]
     if not rows:
         return 0
-    print(f"test: the {min(count, len(rows))} slowest tests (setup, call and teardown; the lane each ran in):")
-    for seconds, name, lane in sorted(rows, reverse=True)[:count]:
-        print(f"{seconds:8.1f}s  {lane:<8} {name}")
+    print(f"test: the {min(count, len(rows))} slowest tests (setup, call and teardown; the host's CPU time over "
+          "them; the lane each ran in):")
+    for seconds, name, lane, cpu in sorted(rows, key=lambda row: row[0], reverse=True)[:count]:
+        used = f"{cpu:7.1f}s cpu" if cpu is not None else " " * 11
+        print(f"{seconds:8.1f}s {used}  {lane:<8} {name}")
     return 0
 
 

@@ -52,6 +52,34 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     signal.signal(signal.SIGTERM, interrupted)
 
 
+HOST_CPU = pytest.StashKey[float]()
+
+
+def host_cpu_seconds() -> float:
+    """CPU time the whole host has spent busy since boot (every core, every process: the engine's, the nodes'),
+    from /proc/stat; 0.0 where there is none."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[HOST_CPU] = host_cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """The host's CPU time over the test's setup, call and teardown, in its JUnit report (scripts/slowest.py
+    prints it beside the time: a test that waits and one that computes read apart)."""
+    if call.when == "teardown" and HOST_CPU in item.stash:
+        item.user_properties.append(("host_cpu_s", f"{host_cpu_seconds() - item.stash[HOST_CPU]:.1f}"))
+    yield
+
+
 @contextmanager
 def killed_after(child: subprocess.Popen, timeout: float) -> Iterator[None]:
     """While inside, `child` is killed once `timeout` seconds have passed: a read of its output that waits

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from conftest import REPO
@@ -78,25 +79,59 @@ REPORT = '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 </testsuites>'''
 
 
-def report(path: Path, cases: list[tuple[str, str, float]]) -> Path:
-    path.write_text(REPORT.format(n=len(cases), cases="".join(
-        f'<testcase classname="{c}" name="{n}" time="{t}" />' for c, n, t in cases)))
+def report(path: Path, cases: list[tuple]) -> Path:
+    """A JUnit report of (class, name, time) or (class, name, time, the host's CPU seconds) cases."""
+    def case(c: str, n: str, t: float, *cpu: float) -> str:
+        properties = f'<properties><property name="host_cpu_s" value="{cpu[0]}" /></properties>' if cpu else ""
+        return f'<testcase classname="{c}" name="{n}" time="{t}">{properties}</testcase>'
+    path.write_text(REPORT.format(n=len(cases), cases="".join(case(*c) for c in cases)))
     return path
 
 
 def test_the_slowest_tests_are_listed_over_every_lane_with_the_lane_each_ran_in(tmp_path: Path) -> None:
-    beside = report(tmp_path / "beside.xml", [("tests.test_docker_run", "test_async", 48.4),
-                                              ("tests.test_docker_lab", "test_two_labs", 6.0)])
+    beside = report(tmp_path / "beside.xml", [("tests.test_docker_run", "test_async", 48.4, 80.2),
+                                              ("tests.test_docker_lab", "test_two_labs", 6.0, 9.5)])
     waits = report(tmp_path / "waits.xml", [("tests.test_docker_slurm", "test_slurm", 155.6),
-                                              ("tests.test_k8s.TestManifests", "test_valid[ps]", 0.25)])
+                                              ("tests.test_k8s.TestManifests", "test_valid[ps]", 0.25, 0.3)])
     shown = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest.py"), "3", str(beside), str(waits),
                             str(tmp_path / "alone.xml")], capture_output=True, text=True, check=True).stdout
     assert shown.splitlines() == [
-        "test: the 3 slowest tests (setup, call and teardown; the lane each ran in):",
-        "   155.6s  waits    tests/test_docker_slurm.py::test_slurm",
-        "    48.4s  beside   tests/test_docker_run.py::test_async",
-        "     6.0s  beside   tests/test_docker_lab.py::test_two_labs",
+        "test: the 3 slowest tests (setup, call and teardown; the host's CPU time over them; the lane each ran in):",
+        "   155.6s              waits    tests/test_docker_slurm.py::test_slurm",
+        "    48.4s    80.2s cpu  beside   tests/test_docker_run.py::test_async",
+        "     6.0s     9.5s cpu  beside   tests/test_docker_lab.py::test_two_labs",
     ]
+
+
+BURNER = '''
+import time
+import pytest
+
+def burn(seconds):
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
+
+@pytest.fixture
+def busy_teardown():
+    yield
+    burn(0.6)
+
+def test_burns(busy_teardown):
+    burn(0.6)
+'''
+
+
+def test_each_test_s_report_holds_the_host_s_cpu_time_over_its_setup_call_and_teardown(tmp_path: Path) -> None:
+    (tmp_path / "test_burner.py").write_text(BURNER)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "--rootdir", str(tmp_path), "--junitxml", str(tmp_path / "r.xml"),
+                           str(tmp_path / "test_burner.py")], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO / "tests"), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout
+    [case] = ET.parse(tmp_path / "r.xml").getroot().iter("testcase")
+    [cpu] = [float(p.get("value")) for p in case.iter("property") if p.get("name") == "host_cpu_s"]
+    assert case.get("name") == "test_burns" and cpu >= 1.1, cpu  # this process alone used 1.2 s; the host, as much
 
 
 def test_a_read_that_waits_for_a_line_never_printed_ends_at_its_timeout() -> None:
