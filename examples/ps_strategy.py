@@ -79,7 +79,13 @@ def coordinate(resolver, args: argparse.Namespace) -> None:
     for step in range(1, args.steps + 1):
         result = coordinator.schedule(step_fn, args=(iterator,))
         if step % 25 == 0:
-            loss = float(result.fetch())  # this step's loss (the others keep running meanwhile)
+            try:
+                loss = float(result.fetch())  # this step's loss (the others keep running meanwhile)
+            except (tf.errors.UnavailableError, tf.errors.CancelledError):
+                # The step ran on a worker lost before its loss was copied here (TensorFlow keeps a result on
+                # the worker that made it): the loss is gone with the worker; the coordinator carries on.
+                print(f"chief: step {step}: its worker was lost before its loss was read", flush=True)
+                continue
             print(f"chief: step {step} loss {loss:.4f} ({step / (time.time() - started):.1f} steps/s)", flush=True)
     coordinator.join()
     print(f"chief: test accuracy {model.accuracy(data['x_test'], data['y_test']):.4f}", flush=True)
