@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import suite_base
 import typer.main
 from click.testing import CliRunner
 
@@ -167,13 +168,22 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
-def base_image(docker_client) -> str:
-    """The local base image (mmdebstrap + pip tensorflow-cpu), built once if missing."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tflab", "base"], capture_output=True, text=True, timeout=1500,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return "tflab-base:cpu"
+def base_build(docker_client, tmp_path_factory) -> dict:
+    """The local base image (mmdebstrap + pip tensorflow-cpu), built once if missing, and what it was built with
+    (suite_base.py): scripts/test.sh's build beside the unit tests, else this session's."""
+    given = os.environ.get(suite_base.RECORD_ENV)
+    facts = suite_base.recorded(Path(given)) if given else None
+    if facts is None:
+        try:
+            facts = suite_base.build(tmp_path_factory.mktemp("base") / "base.json")
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+    return facts
+
+
+@pytest.fixture(scope="session")
+def base_image(base_build) -> str:
+    return base_build["tag"]
 
 
 class LabFactory:

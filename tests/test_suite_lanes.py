@@ -144,3 +144,37 @@ def test_a_read_that_waits_for_a_line_never_printed_ends_at_its_timeout() -> Non
         lines = list(iter(child.stdout.readline, ""))
     assert lines == ["one\n"] and time.monotonic() - began < 10
     assert child.wait(timeout=10) == -signal.SIGKILL
+
+
+FAKE_TFLAB = '''
+import signal, sys, time
+from pathlib import Path
+out = Path(__file__).parent
+def unwind(signum, frame):
+    (out / "told").write_text(str(signum))
+    sys.exit(130)
+signal.signal(signal.SIGTERM, unwind)
+(out / "building").write_text("yes")
+time.sleep(60)
+'''
+
+
+def test_the_suite_s_base_build_passes_a_sigterm_on_to_tflab_base(tmp_path: Path) -> None:
+    """test.sh stops its build with SIGTERM to suite_base.py (`pkill -P`): `tflab base`, which unwinds on it
+    (its container and tree removed), must get it too, and the build end as failed."""
+    fake = tmp_path / "tflab"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(FAKE_TFLAB)
+    child = subprocess.Popen([sys.executable, str(REPO / "tests" / "suite_base.py"), str(tmp_path / "base.json")],
+                             cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (fake / "building").exists():
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=30)
+    assert (fake / "told").read_text() == str(int(signal.SIGTERM))
+    assert child.returncode == 1 and err.startswith("suite_base: tflab base failed"), (out, err)
+    assert not (tmp_path / "base.json").exists()
