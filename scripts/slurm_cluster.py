@@ -2,6 +2,7 @@
 """A small real Slurm cluster on this machine, in containers, for trying `tflab render slurm` and for its test.
 
     python scripts/slurm_cluster.py up --image IMAGE --share DIR [--nodes 4] [--cpus 1] [--memory 1500] [--name N]
+    python scripts/slurm_cluster.py image --image IMAGE     # only its image, built once per IMAGE
     python scripts/slurm_cluster.py exec [--name N] -- CMD ...      # a command on the controller (sbatch, scontrol)
     python scripts/slurm_cluster.py down [--name N]
 
@@ -166,9 +167,13 @@ def main() -> None:
     run.add_argument("argv", nargs=argparse.REMAINDER)
     stop = commands.add_parser("down")
     stop.add_argument("--name", default=DEFAULT_NAME)
+    build = commands.add_parser("image", help="only build (or find) the compute nodes' image of IMAGE; print its tag")
+    build.add_argument("--image", required=True, help="a lab's node image (tflab build makes it)")
     args = parser.parse_args()
     if args.command == "up":
         up(args)
+    elif args.command == "image":
+        print(image_for(args.image))
     elif args.command == "exec":
         argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         done = exec_(args.name, *argv, check=False, cwd=args.cwd)

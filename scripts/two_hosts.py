@@ -4,6 +4,7 @@
     python scripts/two_hosts.py up --share DIR [--port 5000] [--state FILE]
     python scripts/two_hosts.py docker ARGS...      # the second host's own `docker`
     python scripts/two_hosts.py down [--purge]
+    python scripts/two_hosts.py image                # only host b's image, built once
 
 For trying tflab's two-host path (README: Beyond one host) and for its test; it is not a tflab
 command: tflab never grows its own cluster manager. `up` makes:
@@ -252,11 +253,15 @@ def main() -> None:
     p.add_argument("--purge", action="store_true", help="the cached registry storage and image too")
     p.add_argument("--state", default=str(STATE))
     verbs.add_parser("docker", help="host b's own docker: python scripts/two_hosts.py docker ps")
+    verbs.add_parser("image", help="only build (or find) host b's image; print its tag")
     args, rest = parser.parse_known_args()
     if args.verb == "docker":
         sys.exit(subprocess.call(["docker", "exec", NAME, "docker", *rest]))
     if rest:
         parser.error(f"unknown arguments: {' '.join(rest)}")
+    if args.verb == "image":
+        print(host_image())
+        return
     {"up": up, "down": down}[args.verb](args)
 
 
