@@ -79,7 +79,7 @@ began=$SECONDS
 prebuild=$!
 prebuilt() {  # wait for the build (never left half done), and say how it went
     if wait "$prebuild"; then
-        echo "test: images built beside the unit tests (which took $unit_s s):"; tail -n 6 "$work/prebuild.log"
+        echo "test: images built beside the unit tests (which took $unit_s s):"; tail -n 7 "$work/prebuild.log"
     else
         echo "test: building the images beside the unit tests failed (the Docker tests' fixture tries again):"
         tail -n 20 "$work/prebuild.log"
