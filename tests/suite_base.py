@@ -60,8 +60,9 @@ def build(record: Path, tag: str = TAG, timeout: float = 1500,
     if child.returncode != 0:
         raise RuntimeError(f"tflab base failed: {err[-2000:]}")
     built = "log: " in out
-    image = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
-                           text=True, check=True).stdout.strip()
+    image = image_id(tag)
+    if not image:
+        raise RuntimeError(f"tflab base ended well, but the engine has no {tag}")
     facts = {"tag": tag, "image": image, "secret": secret if built else None, "port": port if built else None,
              "log": out.split("log: ")[1].strip() if built else None}
     record.write_text(json.dumps(facts))
@@ -74,9 +75,13 @@ def recorded(record: Path) -> dict | None:
         facts = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
-    now = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", facts["tag"]], capture_output=True,
-                         text=True).stdout.strip()
-    return facts if now == facts["image"] else None
+    return facts if image_id(facts["tag"]) == facts["image"] else None
+
+
+def image_id(tag: str) -> str:
+    """The engine's id of `tag` ("" when it has no such image)."""
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
+                          text=True).stdout.strip()
 
 
 def main(record: Path) -> int:
