@@ -472,6 +472,74 @@ def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(gua
     assert Ending.from_json((tmp_path / "state" / "run:t:worker2.exit").read_text()) == Ending(143, "SIGTERM", "lease")
 
 
+def slow_tensorflow(tmp_path: Path, env: dict[str, str], how: str) -> dict[str, str]:
+    """fake_tensorflow, whose import takes long: `busy` computes for a minute (its CPU time grows, as a real
+    import's does on a sliver of a CPU), `asleep` waits 5 s using no CPU (an import that no longer moves)."""
+    env = fake_tensorflow(tmp_path, env)
+    init = tmp_path / "site" / "tensorflow" / "__init__.py"
+    slow = "began = time.time()\nwhile time.time() - began < 60: pass\n" if how == "busy" else "time.sleep(5)\n"
+    init.write_text("import time\n" + slow + init.read_text())
+    return env
+
+
+@contextlib.contextmanager
+def importing_standby(python: Path, zipapp: Path, env: dict[str, str], state: Path):
+    """A standby started and seen importing (its record written); killed, its interpreter too, at the end."""
+    owner = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    record = state / "standby.pid"
+    try:
+        assert wait_for(record.exists), "the standby never began its import"
+        yield owner
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(record.read_text().split()[0]), signal.SIGKILL)
+        owner.kill()
+        owner.wait(timeout=10)
+
+
+@pytest.mark.parametrize("how", ["busy", "asleep"])
+def test_a_standby_still_importing_is_waited_for_while_its_import_moves_and_passed_over_once_it_stalls(
+        python: Path, zipapp: Path, env, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """A node held to a sliver of a CPU imports TensorFlow for a minute: a program started beside that import
+    would import it again on the same sliver (a starved ps missed its 120 s to serve so). The claim waits for
+    an import whose CPU time grows, however long, and passes over one that used none for `stalled_s`."""
+    from tflab_guard import registry, standby
+
+    env = slow_tensorflow(tmp_path, env, how)
+    monkeypatch.setattr(registry, "STATE", str(state))
+    with importing_standby(python, zipapp, env, state):
+        began = time.monotonic()
+        claimed = standby.claim(given_up=lambda: time.monotonic() - began > 4, stalled_s=1.0)
+        waited = time.monotonic() - began
+    if how == "busy":
+        assert claimed is None and waited > 4, "it waited for the import, four times its stall bound, until given up"
+    else:
+        assert claimed is None and 1.0 <= waited < 3.0, f"a stalled import is passed over after 1 s ({waited:.1f} s)"
+
+
+def test_a_run_told_to_stop_while_its_standby_imports_ends_at_once_and_never_starts(
+        guard, python: Path, zipapp: Path, env, state: Path, tmp_path: Path) -> None:
+    env = slow_tensorflow(tmp_path, env, "busy")
+    marker = tmp_path / "ran"
+    program = tmp_path / "prog.py"
+    program.write_text(f"open({str(marker)!r}, 'w').close()\nimport tensorflow\n")  # a program for the standby
+    with importing_standby(python, zipapp, env, state):
+        child = guard("run", "run:t:worker0", "--warm", "--grace", "0.5", "--shell", f"{python.name} {program}",
+                      env=env)
+        try:
+            assert wait_for(lambda: (state / "run:t:worker0.guard").exists())
+            child.stdin.write("stop\n")  # what tflab says to stop it
+            child.stdin.flush()
+            assert child.wait(timeout=10) == 143, "the stop was not heard while the standby imported"
+        finally:
+            child.kill()  # (a failed test's guard: its connection's end stops what it started)
+            child.wait(timeout=10)
+            child.stdin.close()
+    assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
+    assert not marker.exists(), "the program never starts"
+
+
 def test_the_zipapp_is_the_same_bytes_every_time() -> None:
     assert guard_zipapp() == guard_zipapp()
 

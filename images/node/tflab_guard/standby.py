@@ -173,10 +173,20 @@ def become(request, fds, connection):
     sys.exit(commands.run_program(argv))
 
 
-def claim(wait_s=60.0):
-    """This node's standby, claimed (a connection to it), waiting while one is still importing; None when there is none."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+# A standby whose import has not used the CPU for this long is stalled: the program starts on its own instead.
+STALLED_S = 15.0
+
+
+def claim(given_up=lambda: False, stalled_s=STALLED_S):
+    """This node's standby, claimed (a connection to it); None when there is none, or `given_up()` says to stop.
+
+    One still importing TensorFlow is waited for as long as its import goes on (its CPU time grows): a
+    program started on its own would import TensorFlow from the start, on the same CPUs, so it is never the
+    quicker, least of all in a node held to a sliver of a CPU (a `fault cpu`), where an import takes a minute
+    and two at once take twice that. One whose import has used no CPU for `stalled_s` is passed over.
+    """
+    progress = Progress(stalled_s)
+    while not given_up():
         with registry.locked("claim"):
             if os.path.exists(socket_path()):
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -189,10 +199,37 @@ def claim(wait_s=60.0):
                 except (OSError, EOFError):
                     pass
                 sock.close()
-        if registry.read_pid(KEY) is None:
-            return None  # none importing either
+        pid = registry.read_pid(KEY)
+        if pid is None or progress.stalled(pid):
+            return None  # none importing, or one that no longer moves
         time.sleep(0.05)
     return None
+
+
+class Progress(object):
+    """Whether a process has used no CPU time for `stalled_s` (its user and system time, from /proc)."""
+
+    def __init__(self, stalled_s, clock=time.monotonic):
+        self.stalled_s = stalled_s
+        self.clock = clock
+        self.seen = None  # (pid, its CPU ticks, when they last grew)
+
+    def stalled(self, pid):
+        ticks, now = cpu_ticks(pid), self.clock()
+        if self.seen is None or self.seen[0] != pid or ticks is None or ticks > self.seen[1]:
+            self.seen = (pid, ticks or 0, now)
+            return False
+        return now - self.seen[2] >= self.stalled_s
+
+
+def cpu_ticks(pid):
+    """The user and system CPU time `pid` has used, in clock ticks; None when there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def hand_over(key, argv, env, sock, stdout, stderr, grace):

@@ -222,24 +222,29 @@ def run(args):
     followers = follow(key)
     oom = memory.OomWatch()
     stopper = Stopper(key, args.grace)
+    signalled = []
+    on_signals(lambda _signum, _frame: signalled.append(True))
+    watch = leases.Watch(lease)
+
+    def told_to_stop():
+        return bool(signalled) or connection.stop_asked.is_set() or watch.lapsed()
+
     program = None
     python_program = commands.can_run_here(plan, env)
     # A line that sets its own variables runs as a new process: a warm interpreter read the old ones.
     if args.warm and python_program and not plan.env:
-        claimed = standby.claim()
+        claimed = standby.claim(given_up=told_to_stop)
         if claimed is not None:
             program = Warm(key, plan, env, claimed, out, err, args.grace)
     if program is None:
-        program = Cold(plan, env, out, err, preload=args.preload and python_program)
+        program = Cold(plan, env, out, err, preload=args.preload and python_program and not told_to_stop())
     if program.pgid() is not None:
         registry.write_pid(key, program.pgid())
-    signalled = []
-    on_signals(lambda _signum, _frame: signalled.append(True))
-    watch = leases.Watch(lease)
     released = not args.wait_for_go
-    if args.wait_for_go:
+    stop_first = told_to_stop()  # told while it waited for the standby: the program never starts
+    if args.wait_for_go or stop_first:
         while not connection.released.is_set():
-            if signalled or connection.stop_asked.is_set() or watch.lapsed():
+            if stop_first or told_to_stop():
                 stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else "lease")
                 break
             connection.released.wait(POLL_S)
@@ -306,22 +311,26 @@ def serve(args):
         return code
     oom = memory.OomWatch()
     stopper = Stopper(key, args.grace)
+    signalled = []
+    on_signals(lambda _signum, _frame: signalled.append(True))
+    started = time.monotonic()
+    watch = leases.Watch(args.lease) if args.lease is not None else None
+
+    def lease_lapsed():
+        return watch is not None and watch.lapsed() and time.monotonic() - started > LEASE_S
+
     program = None
     if args.warm and commands.can_run_here(plan, env) and not plan.env:
-        claimed = standby.claim()
+        claimed = standby.claim(given_up=lambda: bool(signalled) or lease_lapsed())
         if claimed is not None:
             program = Warm(key, plan, env, claimed, log, log, args.grace)
     if program is None:
         program = Cold(plan, env, log, log, preload=False)
     registry.write_pid(key, program.release())
-    signalled = []
-    on_signals(lambda _signum, _frame: signalled.append(True))
-    started = time.monotonic()
-    watch = leases.Watch(args.lease) if args.lease is not None else None
     while program.running():
         if signalled:
             stopper(program.pgid())
-        elif watch is not None and watch.lapsed() and time.monotonic() - started > LEASE_S:
+        elif lease_lapsed():
             stopper(program.pgid(), "lease")
         time.sleep(POLL_S)
     ending = program.ending() if isinstance(program, Warm) else oom.ending(program.status(), registry.stopped_why(key))
