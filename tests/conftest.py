@@ -237,21 +237,43 @@ def labs(tmp_path: Path, docker_client, base_image) -> Iterator[LabFactory]:
     factory.cleanup()
 
 
+@pytest.fixture(scope="module")
+def module_labs(tmp_path_factory: pytest.TempPathFactory, docker_client, base_image) -> Iterator[LabFactory]:
+    """A LabFactory whose labs serve every test of a module and are torn down (by label) after its last."""
+    factory = LabFactory(tmp_path_factory.mktemp("labs"), docker_client)
+    yield factory
+    factory.cleanup()
+
+
 # A task that trains until it is stopped.
 LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
         "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")
 
 
-@pytest.fixture
-def long_lab(labs, runner) -> Path:
+def up_long_lab(factory: LabFactory) -> Path:
     """A running 3-node lab (ps0, worker0, worker1) with the examples and the task `long`."""
     import yaml
 
-    lab = labs.gen(nodes=3)
+    lab = factory.gen(nodes=3)
     path = lab / "tflab.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["tasks"]["long"] = LONG
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     return lab
+
+
+@pytest.fixture(scope="module")
+def long_lab(module_labs) -> Path:
+    """up_long_lab's lab, shared by a module's tests: each ends with no task process left in it (every test
+    of it asserts so), as a user's next run finds a lab after a stopped, killed or interrupted one. Sharing
+    it is that promise kept over the module, and it spares each test a lab of its own: its bring-up, and
+    the standbys a lab makes at `up` and after its last run only to be torn down."""
+    return up_long_lab(module_labs)
+
+
+@pytest.fixture
+def own_long_lab(labs) -> Path:
+    """up_long_lab's lab for one test, for a test that leaves it changed (a stopped node)."""
+    return up_long_lab(labs)

@@ -111,9 +111,9 @@ def test_a_closed_stdout_ends_the_run_by_itself(long_lab: Path, docker_client) -
 
 
 @pytest.mark.alone  # timed: the run ends within 60 s of the stop
-def test_a_stopped_worker_container_ends_the_run_naming_it(long_lab: Path, docker_client) -> None:
-    lf = labfiles.open_lab(long_lab)
-    child = start_run(long_lab, "long")
+def test_a_stopped_worker_container_ends_the_run_naming_it(own_long_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(own_long_lab)
+    child = start_run(own_long_lab, "long")
     read_until(child, "[worker1] worker1: first step done")
     stopped_at = time.monotonic()
     lab_containers(docker_client, lf.project)["worker1"].stop(timeout=2)
@@ -124,33 +124,33 @@ def test_a_stopped_worker_container_ends_the_run_naming_it(long_lab: Path, docke
     assert gone_within(docker_client, lf.project, 10) == {}
 
 
-def test_a_detached_run_outlives_its_terminal_and_can_be_followed_and_stopped(labs, runner, long_lab: Path,
+def test_a_detached_run_outlives_its_terminal_and_can_be_followed_and_stopped(runner, own_long_lab: Path,
                                                                                docker_client) -> None:
-    lf = labfiles.open_lab(long_lab)
+    lf = labfiles.open_lab(own_long_lab)
     # A terminal: a session whose leader is a shell; closing it hangs up the whole session.
-    terminal = subprocess.Popen(["setsid", "sh", "-c", f"{' '.join(TFLAB)} run train -d --lab {long_lab}; sleep 600"],
+    terminal = subprocess.Popen(["setsid", "sh", "-c", f"{' '.join(TFLAB)} run train -d --lab {own_long_lab}; sleep 600"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = read_until(terminal, "goes on in the background")
     assert "`tflab attach train` follows it" in said
     os.killpg(os.getpgid(terminal.pid), signal.SIGHUP)
     terminal.wait(timeout=10)
-    runs = runner.invoke(cli, ["runs", "--lab", str(long_lab)])
+    runs = runner.invoke(cli, ["runs", "--lab", str(own_long_lab)])
     assert runs.exit_code == 0 and "running" in runs.stdout, runs.stdout
-    attached = runner.invoke(cli, ["attach", "train", "--lab", str(long_lab)])
+    attached = runner.invoke(cli, ["attach", "train", "--lab", str(own_long_lab)])
     assert attached.exit_code == 0, attached.stdout[-2000:]
     assert "[worker0] worker0: test accuracy" in attached.stdout and "run summary" in attached.stdout
     record = json.loads((lf.runs_dir / "train" / "run.json").read_text())
     assert (record["verdict"], record["detached"]) == ("ok", True)
     assert record["result"].startswith("worker0: test accuracy") and record["steps_per_s"] > 0
 
-    child = subprocess.run([*TFLAB, "run", "long", "-d", "--lab", str(long_lab)], capture_output=True, text=True,
+    child = subprocess.run([*TFLAB, "run", "long", "-d", "--lab", str(own_long_lab)], capture_output=True, text=True,
                            timeout=240)
     assert child.returncode == 0, child.stdout + child.stderr
-    stopped = runner.invoke(cli, ["stop", "long", "--lab", str(long_lab)])
+    stopped = runner.invoke(cli, ["stop", "long", "--lab", str(own_long_lab)])
     assert stopped.exit_code == 0, stopped.stdout
     assert "stopped by `tflab stop`" in stopped.stdout
     assert task_processes(docker_client, lf.project) == {}
-    listed = runner.invoke(cli, ["runs", "--lab", str(long_lab)])
+    listed = runner.invoke(cli, ["runs", "--lab", str(own_long_lab)])
     rows = [line for line in listed.stdout.splitlines() if line.startswith("│ train") or line.startswith("│ long")]
     assert any(" ok " in row for row in rows) and any("interrupted" in row for row in rows), listed.stdout
 
