@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import cli
 
 from tflab.cli.fault import injector
@@ -41,11 +42,12 @@ def nothing_left(lab: Path, client) -> None:
         assert quota == (int(planned * 100_000) if planned else 0), (name, quota)
 
 
-@pytest.fixture
-def drill_lab(labs, runner) -> Path:
-    """A 4-node lab (ps0, three workers) whose nodes may be slowed and cut off."""
-    lab = labs.gen("--faults", nodes=4)
-    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+@pytest.fixture(scope="module")
+def drill_lab(module_labs) -> Path:
+    """A 4-node lab (ps0, three workers) whose nodes may be slowed and cut off, shared by the module's tests:
+    each ends asserting that nothing of a fault is left in it (nothing_left)."""
+    lab = module_labs.gen("--faults", nodes=4)
+    assert CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
     return lab
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import cli
 from test_docker_run import add_tasks, exec_quiet, lab_containers
 
@@ -48,12 +49,13 @@ def probe_lines(output: str, node: str) -> dict[str, str]:
                 if line.startswith(prefix) and "=" in line)
 
 
-@pytest.fixture
-def knob_lab(labs, runner) -> Path:
-    """A running lab of ps0 and three workers with NET_ADMIN (--faults), unshaped and with no CPU quota."""
-    lab = labs.gen("--faults", "--cpus-per-node", "0", nodes=4)
+@pytest.fixture(scope="module")
+def knob_lab(module_labs) -> Path:
+    """A running lab of ps0 and three workers with NET_ADMIN (--faults), unshaped and with no CPU quota, shared by
+    the module's tests: each ends asserting that every node is back as the lab says."""
+    lab = module_labs.gen("--faults", "--cpus-per-node", "0", nodes=4)
     add_tasks(lab, {"probe": SERVE + PROBE, "wait": SERVE + PROBE + "; sleep 300"})
-    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     return lab
 

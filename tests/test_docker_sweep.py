@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import cli
 from test_docker_run import add_tasks
 
@@ -28,13 +29,14 @@ STEPS = ("python -c \"import os, time; n = len(os.environ['TFLAB_WORKER_HOSTS'].
 SERVE = "if [ {job_name} = ps ]; then exec python -m http.server 2222; fi; "
 
 
-@pytest.fixture
-def sweep_lab(labs, runner) -> Path:
-    lab = labs.gen(nodes=4)  # ps0 and three workers
+@pytest.fixture(scope="module")
+def sweep_lab(module_labs) -> Path:
+    """ps0 and three workers, shared by the module's tests (each sweep has a name, and a folder, of its own)."""
+    lab = module_labs.gen(nodes=4)
     add_tasks(lab, {"steps": {"command": SERVE + STEPS.replace("{STEPS_N}", "80"), "batch": "{BATCH}",
                               "preload": False},
-                    "slow": {"command": SERVE + STEPS.replace("{STEPS_N}", "400"), "preload": False}})
-    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+                    "slow": {"command": SERVE + STEPS.replace("{STEPS_N}", "200"), "preload": False}})
+    up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     return lab
 
