@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from conftest import REPO, cli
 
 from tflab.engine.containers import lab_containers
@@ -125,10 +126,12 @@ def run_and_kill_worker1(lf, client, run_args: list[str], marker: str, timeout: 
     return child, "".join(output) + rest, killed_at
 
 
-@pytest.fixture
-def ps_lab(labs, runner, digits) -> Path:
-    lab = labs.gen(nodes=4, code=REPO / "examples", data=digits)
-    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+@pytest.fixture(scope="module")
+def ps_lab(module_labs, digits) -> Path:
+    """ps0 and three workers with the examples, shared by the module's tests: each adds a task of its own (only
+    the first reruns `train`) and ends asserting that no task process is left in any node."""
+    lab = module_labs.gen(nodes=4, code=REPO / "examples", data=digits)
+    up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     return lab
 
