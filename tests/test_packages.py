@@ -111,3 +111,26 @@ def test_the_install_command_holds_names_and_paths_only() -> None:
                                                         "requirement tabulatte")
     assert packages.failure_line("Reading package lists...\nE: Unable to locate package jqq\n") == \
         "E: Unable to locate package jqq"
+
+
+def test_the_files_naming_the_packages_are_told_apart_from_the_node_files_and_travel_with_their_folders() -> None:
+    """On tflab's own base (which carries the node files), a packages lab's stage is the base itself, and only the
+    files naming the packages (the record `status` reads, the requirements) go into the install's container:
+    an archive put into a container makes no folder, so the requirements' folder travels in it first."""
+    import io
+    import tarfile
+    from types import SimpleNamespace
+
+    from tflab.engine.node_image import tar_context
+    from tflab.render import image_files
+
+    # the two fields packages_files reads
+    config = SimpleNamespace(packages=cfg.Packages(pip=("-r requirements.txt",), apt=("jq",)), tensorflow=None)
+    named = image_files.packages_files(config, {"requirements.txt": b"tabulate\n", "extra/more.txt": b"toolz\n"})
+    assert sorted(named) == ["packages.json", "requirements/extra/more.txt", "requirements/requirements.txt"]
+    assert all(image_files.is_packages_file(name) for name in named)
+    assert not any(image_files.is_packages_file(name) for name in [*image_files.node_files(), "Dockerfile"])
+    with tarfile.open(fileobj=io.BytesIO(tar_context(named).getvalue())) as tar:
+        members = [(m.name, m.isdir()) for m in tar.getmembers()]
+    assert members == [("requirements", True), ("requirements/extra", True), ("packages.json", False),
+                       ("requirements/extra/more.txt", False), ("requirements/requirements.txt", False)]

@@ -7,7 +7,7 @@ import io
 import json
 import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
@@ -55,6 +55,11 @@ def tar_context(files: dict[str, bytes]) -> io.BytesIO:
     """A build context as an in-memory tar (the context is a few small files)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
+        folders = sorted({str(parent) for name in files for parent in PurePosixPath(name).parents if str(parent) != "."})
+        for folder in folders:  # a folder before what it holds: an archive put into a container makes none itself
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            tar.addfile(info)
         for name, content in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(content)

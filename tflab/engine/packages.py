@@ -15,6 +15,7 @@ import docker
 import docker.errors
 
 from tflab.engine.builds import BuildResult, Progress, follow, new_log, settings_mount
+from tflab.engine.node_image import tar_context
 from tflab.errors import EngineError
 from tflab.host.buildsettings import BUILD_MOUNT, PipSettings
 from tflab.plan.config import Packages
@@ -56,8 +57,10 @@ def failure_line(output: str) -> str:
 
 
 def install(client: docker.DockerClient, stage: str, tag: str, packages: Packages, pip: PipSettings,
-            entrypoint: list[str], progress: Progress) -> BuildResult:
-    """`packages` installed on the image `stage`, committed as `tag` (nothing is tagged when they fail)."""
+            entrypoint: list[str], progress: Progress, files: dict[str, bytes] | None = None) -> BuildResult:
+    """`packages` installed on the image `stage`, committed as `tag` (nothing is tagged when they fail); `files`
+    (the ones naming the packages: the record `status` reads, the requirements files) are put in SHARE first,
+    where a stage built from the lab's Dockerfile holds them already."""
     progress.step("installing the lab's packages: " + ", ".join([*packages.apt, *packages.pip]))
     log_path = new_log("packages")
     with settings_mount(pip) as settings:
@@ -67,6 +70,8 @@ def install(client: docker.DockerClient, stage: str, tag: str, packages: Package
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot start the packages' install: {exc.explanation or exc}") from exc
         try:
+            if files:
+                container.put_archive(SHARE, tar_context(files))
             if follow(container, log_path, progress) != 0:
                 said = failure_line(log_path.read_text(errors="replace"))
                 advice = " (pass the CA bundle your network needs: `tflab base --ca-bundle`)" \

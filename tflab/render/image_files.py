@@ -70,6 +70,11 @@ def packages_files(config: LabConfig, requirements: dict[str, bytes] | None = No
     return files
 
 
+def is_packages_file(name: str) -> bool:
+    """Whether a context file is one of packages_files' (the rest are tflab's node files and the Dockerfile)."""
+    return name == PACKAGES_FILE or name.startswith(REQUIREMENTS_DIR + "/")
+
+
 def image_context(config: LabConfig, requirements: dict[str, bytes] | None = None) -> dict[str, bytes]:
     """Every file of the node image's build context, by name (the requirements files: read from the code folder)."""
     return {"Dockerfile": dockerfile(config).encode(), **node_files(), **packages_files(config, requirements)}
