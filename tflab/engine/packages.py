@@ -71,7 +71,10 @@ def install(client: docker.DockerClient, stage: str, tag: str, packages: Package
             raise EngineError(f"cannot start the packages' install: {exc.explanation or exc}") from exc
         try:
             if files:
-                container.put_archive(SHARE, tar_context(files))
+                try:
+                    container.put_archive(SHARE, tar_context(files))
+                except docker.errors.APIError as exc:
+                    raise EngineError(f"cannot give the packages' install its files: {exc.explanation or exc}") from exc
             if follow(container, log_path, progress) != 0:
                 said = failure_line(log_path.read_text(errors="replace"))
                 advice = " (pass the CA bundle your network needs: `tflab base --ca-bundle`)" \
