@@ -66,13 +66,19 @@ def try_lock(name):
     return handle
 
 
-def start_time(pid):
-    """The kernel's start time of `pid`, or None when there is no such process."""
+def stat_fields(pid):
+    """The fields of /proc/PID/stat after the process's name (the state first), or None when there is no such process."""
     try:
         with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
+            return handle.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def start_time(pid):
+    """The kernel's start time of `pid`, or None when there is no such process."""
+    fields = stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None
 
 
 def _write_atomically(path, text):
@@ -182,11 +188,8 @@ def _recorded(path):
 
 
 def zombie(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] == "Z"
 
 
 def wait_gone(pid_of, timeout):

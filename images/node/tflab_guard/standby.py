@@ -224,11 +224,10 @@ class Progress(object):
 
 def cpu_ticks(pid):
     """The user and system CPU time `pid` has used, in clock ticks; None when there is no such process."""
+    fields = registry.stat_fields(pid)
     try:
-        with open("/proc/%d/stat" % pid) as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
+        return int(fields[11]) + int(fields[12]) if fields else None
+    except (IndexError, ValueError):
         return None
 
 
