@@ -1,9 +1,13 @@
 """What the real guard answers, for the host-side tests' fake nodes: held to the real guard.pyz by
-tests/test_guard.py::test_the_fakes_answer_ended_as_the_real_guard_does."""
+tests/test_guard.py::test_the_fakes_answer_ended_as_the_real_guard_does and
+test_the_fakes_answer_probe_as_the_real_guard_does."""
 
 from __future__ import annotations
 
-from tflab_guard.protocol import Ending
+import time
+from collections.abc import Callable
+
+from tflab_guard.protocol import PROBE_BUSY, PROBE_SERVING, PROBE_TIMEOUT, Ending
 
 
 def ended(code: int | None, stopped: bool) -> tuple[int, str]:
@@ -13,3 +17,18 @@ def ended(code: int | None, stopped: bool) -> tuple[int, str]:
     if code is None:
         return 1, "unknown\n"
     return 0, Ending(code).to_json() + "\n"
+
+
+def probe(argv: list[str], serves_at: float | None, busy: bool, now: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> tuple[int, str]:
+    """The guard's `probe` (exit code, output) for a server that accepts from `serves_at` (a time of `now`; None:
+    never), whose processes use the CPU until then (`busy`) or sleep; as long as the real one takes."""
+    timeout = float(argv[argv.index("--timeout") + 1])
+    quiet = float(argv[argv.index("--quiet") + 1]) if "--quiet" in argv else None
+    if serves_at is not None and serves_at <= now() + timeout:
+        sleep(max(0.0, serves_at - now()))
+        return PROBE_SERVING, ""
+    sleep(timeout)
+    if busy and quiet is not None and "--key" in argv:
+        return PROBE_BUSY, f"busy {timeout:.1f}\n"  # it used a whole CPU all along
+    return PROBE_TIMEOUT, ""

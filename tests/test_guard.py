@@ -321,6 +321,60 @@ def test_probe_waits_for_a_port_and_tells_an_ended_server(verb, state: Path) -> 
     assert verb("probe", f"127.0.0.1:{port}", "--key", "k:dead", "--timeout", "5") == 3
 
 
+def probe_answer(python: Path, zipapp: Path, env, *args: str) -> tuple[int, str]:
+    real = subprocess.run([str(python), str(zipapp), "probe", "127.0.0.1:9", *args], capture_output=True,
+                          universal_newlines=True, env=env, timeout=60)
+    return real.returncode, real.stdout
+
+
+def test_a_probe_past_its_timeout_tells_a_server_busy_starting_from_a_stuck_one(
+        guard, python: Path, zipapp: Path, env, state: Path, tmp_path: Path) -> None:
+    """A ps in a node held to 0.1 CPU was still importing TensorFlow when CI's run said 'ps0 did not serve on port
+    2222 within 120s'. Asked with --quiet, the probe tells one whose processes use the CPU (5, and how much they
+    used) from one whose processes use none (4): that one is stuck. So does the fake of the host's tests."""
+    import fakeguard
+
+    spin = tmp_path / "spin.py"
+    spin.write_text("while True:\n    pass\n")
+    busy = guard("run", "run:t:ps0", "--grace", "0.5", "--shell", f"{python.name} {spin}")
+    asleep = guard("run", "run:t:ps1", "--grace", "0.5", "--shell", "sleep 60")
+    try:
+        with renewing(busy, asleep):
+            assert wait_for(lambda: (state / "run:t:ps0.pid").exists() and (state / "run:t:ps1.pid").exists())
+            for key, is_busy in (("run:t:ps0", True), ("run:t:ps1", False)):
+                argv = ["--key", key, "--timeout", "1.5", "--quiet", "1"]
+                code, out = probe_answer(python, zipapp, env, *argv)
+                fake_code, fake_out = fakeguard.probe(["probe", "127.0.0.1:9", *argv], None, is_busy,
+                                                      sleep=lambda _s: None)
+                assert code == fake_code == (5 if is_busy else 4), (key, code, out)
+                if is_busy:
+                    used = float(out.split()[1])
+                    assert out.split()[0] == fake_out.split()[0] == "busy" and 0.2 < used <= 1.6, out
+                else:
+                    assert out == fake_out == ""
+            # Without --quiet, a probe is the plain wait it was: 4 at its timeout, busy or not.
+            assert probe_answer(python, zipapp, env, "--key", "run:t:ps0", "--timeout", "0.5") == (4, "")
+            for child in (busy, asleep):
+                child.stdin.write("stop\n")
+                child.stdin.flush()
+            assert busy.wait(timeout=10) == 143 and asleep.wait(timeout=10) == 143
+    finally:
+        for child in (busy, asleep):
+            child.kill()
+            child.wait(timeout=10)
+            child.stdin.close()
+
+
+def test_a_probe_counts_the_standby_a_warm_server_waits_for_as_its_work(
+        python: Path, zipapp: Path, env, state: Path, tmp_path: Path) -> None:
+    """A warm server whose node's standby still imports TensorFlow has no process of its own yet: the import is
+    its start, and a probe past its timeout calls it busy, not stuck."""
+    env = slow_tensorflow(tmp_path, env, "busy")
+    with importing_standby(python, zipapp, env, state):
+        code, out = probe_answer(python, zipapp, env, "--key", "run:t:ps0", "--timeout", "1.5", "--quiet", "1")
+    assert code == 5 and out.startswith("busy "), (code, out)
+
+
 def test_a_shared_server_lives_while_someone_holds_it(guard, verb, python: Path, zipapp: Path, env, state: Path,
                                                       tmp_path: Path) -> None:
     holder = guard("hold", "exec:train", "exec-1")
@@ -723,7 +777,9 @@ OLD_GUARDS_ANSWER = (2, "usage: tflab-guard [-h]\n                   {run,serve,
                         "--protocol 2\n")  # the guard before protocol 2, asked to stop (its real answer)
 
 
-def test_a_node_with_an_older_guard_is_told_to_run_up() -> None:
+def test_a_node_with_an_older_guard_is_told_to_run_up(python: Path, zipapp: Path, env) -> None:
+    from tflab_guard.protocol import VERSION
+
     from tflab.engine import guardcmd
     from tflab.errors import UserError
 
@@ -731,6 +787,11 @@ def test_a_node_with_an_older_guard_is_told_to_run_up() -> None:
     with pytest.raises(UserError, match=r"older tflab guard.*`tflab up`"):
         guardcmd.check_stopped(OLD_GUARDS_ANSWER)
     guardcmd.check_stopped((0, ""))
+    # This guard, asked by a newer tflab, refuses as an older guard does: that tflab then says `tflab up`.
+    newer = subprocess.run([str(python), str(zipapp), "stop", "run:t:*", "--protocol", str(VERSION + 1)],
+                           capture_output=True, universal_newlines=True, env=env, timeout=30)
+    with pytest.raises(UserError, match=r"older tflab guard"):
+        guardcmd.check_stopped((newer.returncode, newer.stdout + newer.stderr))
 
 
 def test_a_stop_that_forgets_leaves_no_ending_to_answer_for_the_next_run(guard, verb, state: Path) -> None:

@@ -58,12 +58,15 @@ class FakeProcess:
 
 
 class FakeExecutor:
-    """Scripts per node: (lines, exit code, seconds before exiting, hangs)."""
+    """Scripts per node: (lines, exit code, seconds before exiting, hangs). The servers serve at once (`serving`
+    True), never (False), or that many seconds after they were made, using the CPU until then when `busy`."""
 
     def __init__(self, scripts: dict[str, tuple[list[str], int | None, float, bool]],
-                 serving: bool = True, broken_start: set[str] | None = None) -> None:
+                 serving: bool | float = True, busy: bool = False, broken_start: set[str] | None = None) -> None:
         self.scripts = scripts
-        self.serving = serving
+        made = time.monotonic()
+        self.serves_at = (made if serving is True else None if serving is False else made + serving)
+        self.busy = busy
         self.broken_start = broken_start or set()
         self.processes: dict[str, FakeProcess] = {}
         self.commands: list[tuple[str, list[str]]] = []
@@ -86,7 +89,7 @@ class FakeExecutor:
         with self.lock:
             self.commands.append((node, list(argv)))
         if "probe" in argv:
-            return (0, "") if self.serving else (4, "")
+            return fakeguard.probe(argv, self.serves_at, self.busy)
         if argv[2] == "ended" and node in self.processes:
             process = self.processes[node]
             return fakeguard.ended(process.code, process.closed.is_set())
@@ -228,8 +231,25 @@ def test_servers_that_never_serve_fail_the_run(tmp_path: Path) -> None:
                     ready_timeout_s=0.5)
     launcher, executor = launch(tmp_path, ok_scripts(), plan_=plan_, serving=False)
     result = launcher.execute()
-    assert result.finish.problem == "ps0 did not serve on port 2222 within 0.5s"
+    assert result.finish.problem == ("ps0 did not serve on port 2222 within 0.5s, and its processes used no CPU in "
+                                     "the last 0.5s: it is stuck")
     assert all(p.ended.is_set() for p in executor.processes.values())
+
+
+def test_a_server_busy_starting_past_the_ready_timeout_is_waited_for_and_said(tmp_path: Path) -> None:
+    """A ps in a node held to 0.1 CPU imports TensorFlow for minutes: no cluster's workers would give up on it
+    at a clock (CI's run: 'ps0 did not serve on port 2222 within 120s', a starved ps that was still starting)."""
+    plan_ = RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0",
+                    ready_timeout_s=0.3)
+    sink = Lines()
+    launcher, executor = launch(tmp_path, ok_scripts(), plan_=plan_, sink=sink, serving=1.0, busy=True)
+    result = launcher.execute()
+    assert result.finish.exit_code == 0, result.finish
+    said = [e for e in sink.events if "busy starting" in e]
+    assert said == ["ps0 has not served on port 2222 within 0.3s, but it is busy starting (0.3 CPU-s in that time): "
+                    "waiting while it uses the CPU"], sink.events
+    probes = [argv for node, argv in executor.commands if "probe" in argv]
+    assert len(probes) >= 2 and all("--quiet" in argv for argv in probes)
 
 
 @pytest.mark.parametrize("preload", [True, False])

@@ -11,6 +11,7 @@ from tflab.run.events import (
     Exited,
     Finish,
     Interrupt,
+    NotServing,
     Printed,
     Release,
     Say,
@@ -123,11 +124,24 @@ def test_the_ps_dying_ends_the_run_at_once_naming_it() -> None:
     assert early.handle(Exited("ps0", 1, 2.0))[-1] == Finish(1, "failed", "ps0 exited with 1 before serving on port 2222")
 
 
-def test_a_server_that_never_serves_fails_the_run_after_the_ready_timeout() -> None:
+def test_a_server_that_never_serves_fails_the_run_when_its_wait_says_so_not_at_a_clock() -> None:
+    """The machine keeps no clock of its own for a server: a ps busy starting in a node held to 0.1 CPU is
+    waited for past the ready timeout (guardcmd.await_serving), and the run fails when that wait ends."""
     machine = RunMachine(PLAN)
     machine.handle(Began(0.0))
-    assert machine.handle(Tick(119.0)) == []
-    assert machine.handle(Tick(121.0))[-1] == Finish(1, "failed", "ps0 did not serve on port 2222 within 120s")
+    assert machine.handle(Tick(119.0)) == [] and machine.handle(Tick(600.0)) == []
+    stuck = "ps0 did not serve on port 2222 within 120s, and its processes used no CPU in the last 15s: it is stuck"
+    assert machine.handle(NotServing("ps0", 601.0, stuck)) == [Stop(("ps0", "worker0", "worker1", "worker2")),
+                                                              Finish(1, "failed", stuck)]
+    assert machine.handle(NotServing("ps0", 602.0, "again")) == [], "a finished run hears nothing more"
+
+
+def test_a_server_started_again_by_a_drill_that_does_not_serve_is_said_not_failed() -> None:
+    machine = started()
+    assert machine.handle(NotServing("ps0", 50.0, "ps0 could not be asked")) == [], "ps0 serves: its wait is over"
+    machine.nodes["ps0"].serving = False  # as after a drill restarted it
+    assert machine.handle(NotServing("ps0", 60.0, "ps0 could not be asked")) == [Say("ps0 could not be asked")]
+    assert machine.finish is None
 
 
 def test_a_silent_worker_after_the_chief_is_hung_and_stopped() -> None:

@@ -105,9 +105,65 @@ def has_holders(lease_name: str) -> list[str]:
     return Call("holders", lease_name).argv()
 
 
-def probe(node: str, key: str | None, timeout_s: float) -> list[str]:
-    """Exit 0 once node:2222 accepts connections; 3 when `key`'s process ended first; 4 on timeout."""
-    return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key).argv()
+def probe(node: str, key: str | None, timeout_s: float, quiet_s: float | None = None) -> list[str]:
+    """Exit 0 once node:2222 accepts connections; 3 when `key`'s process ended first; 4 on timeout; with
+    `quiet_s`, 5 at the timeout when `key`'s processes used the CPU in the last `quiet_s` (busy starting)."""
+    return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key,
+                quiet=None if quiet_s is None else float(quiet_s)).argv()
+
+
+@dataclass(frozen=True)
+class ServeWait:
+    """How the wait for a server ended: `serving`, `ended` (its process ended first), or `late` (with the
+    sentence: it did not serve, and why that is known)."""
+
+    outcome: str
+    problem: str | None = None
+
+
+def await_serving(executor: Executor, node: str, key: str | None, timeout_s: float,
+                  on_busy: Callable[[str], None], quiet_s: float = protocol.SERVE_QUIET_S) -> ServeWait:
+    """Wait for `node`'s server (`key`'s process) to accept on its port, `timeout_s`, and past it for as long
+    as its processes use the CPU: a server in a node held to a sliver of a CPU takes minutes to import
+    TensorFlow, and a cluster's workers wait for it as long as that takes (a `--timeout` of the run still
+    ends the wait). Once, when it is past `timeout_s` and busy, `on_busy` gets a sentence saying so.
+    Without a `key` (another terminal's server) its processes are not known: `timeout_s` is the wait."""
+    began = time.monotonic()
+    code, out = executor.run(node, probe(node, key, timeout_s, quiet_s if key else None))
+    said = False
+    while code == protocol.PROBE_BUSY:
+        if not said:
+            on_busy(f"{node} has not served on port {GRPC_PORT} within {timeout_s:g}s, but it is busy starting "
+                    f"({_busy_s(out):.1f} CPU-s in that time): waiting while it uses the CPU")
+            said = True
+        code, out = executor.run(node, probe(node, key, quiet_s, quiet_s))
+    if code == protocol.PROBE_SERVING:
+        return ServeWait("serving")
+    if code == protocol.PROBE_ENDED:
+        return ServeWait("ended")
+    if protocol.is_old_guard(code, out):
+        return ServeWait("late", OLD_GUARD)
+    if code != protocol.PROBE_TIMEOUT:
+        return ServeWait("late", f"{node} could not be asked whether it serves (exit {code}: {out.strip()[-200:]})")
+    if not key:
+        return ServeWait("late", f"{node} did not serve on port {GRPC_PORT} within {timeout_s:g}s")
+    if not said:
+        return ServeWait("late", f"{node} did not serve on port {GRPC_PORT} within {timeout_s:g}s, and its "
+                                 f"processes used no CPU in the last {min(quiet_s, timeout_s):g}s: it is stuck")
+    return ServeWait("late", f"{node} did not serve on port {GRPC_PORT}: busy starting for a while, it then used no "
+                             f"CPU for {quiet_s:g}s ({time.monotonic() - began:.0f}s after it was started): it is stuck")
+
+
+def _busy_s(answer: str) -> float:
+    """The CPU seconds in a probe's `busy SECONDS`."""
+    for line in answer.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "busy":
+            try:
+                return float(words[1])
+            except ValueError:
+                break
+    return 0.0
 
 
 def alive(key: str) -> list[str]:

@@ -24,6 +24,15 @@ class Serving:
 
 
 @dataclass(frozen=True)
+class NotServing:
+    """A server did not serve: the wait for it ended with `problem` (stuck, or its node could not be asked)."""
+
+    node: str
+    t: float
+    problem: str
+
+
+@dataclass(frozen=True)
 class Printed:
     node: str
     t: float
@@ -90,7 +99,7 @@ class Revived:
     error: str | None = None
 
 
-Event = Began | Serving | Printed | Exited | PeerEnded | Tick | Interrupt | Injected | Healed | Revived
+Event = Began | Serving | NotServing | Printed | Exited | PeerEnded | Tick | Interrupt | Injected | Healed | Revived
 
 # -- actions -------------------------------------------------------------------------------
 

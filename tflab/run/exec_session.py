@@ -199,18 +199,17 @@ class ExecSession:
             return True
 
         started = dict(zip(setup.servers, parallel(start, setup.servers)))
-        probes = dict(zip(setup.servers, parallel(
-            lambda name: self.executor.run(name, guardcmd.probe(
-                name, None if name in self.exec_nodes else guardcmd.serve_key(setup.task, name),
-                setup.ready_timeout_s))[0],
+        waits = dict(zip(setup.servers, parallel(
+            lambda name: guardcmd.await_serving(
+                self.executor, name, None if name in self.exec_nodes else guardcmd.serve_key(setup.task, name),
+                setup.ready_timeout_s, self.say),
             setup.servers)))
         for name in setup.servers:
-            if probes[name] == 3:
+            if waits[name].outcome == "ended":
                 raise UserError(f"{name} exited before serving on port {GRPC_PORT}; its output is in "
                                 f"the runs folder: {setup.task}/logs/{name}.log")
-            if probes[name] != 0:
-                raise UserError(f"{name} did not serve on port {GRPC_PORT} within {setup.ready_timeout_s:g}s; "
-                                f"its output is in the runs folder: {setup.task}/logs/{name}.log")
+            if waits[name].outcome != "serving":
+                raise UserError(f"{waits[name].problem}; its output is in the runs folder: {setup.task}/logs/{name}.log")
             how = ("its own exec, in another terminal: this exec joins it" if name in self.exec_nodes
                    else "started for this exec" if started[name] else "already serving: this exec joins it")
             self.say(f"{name} is serving on {name}:{GRPC_PORT} ({how})")

@@ -35,6 +35,7 @@ from tflab.run.events import (
     Inject,
     Injected,
     Interrupt,
+    NotServing,
     Printed,
     Release,
     Revive,
@@ -302,13 +303,17 @@ class Launcher:
         self._show(self.sink.line, name, text)
 
     def _probe(self, name: str, key: str) -> None:
+        """Wait for a server to serve (guardcmd.await_serving): Serving, or NotServing saying why not; a server
+        that ended first says so itself (Exited)."""
         try:
-            code, _ = self.executor.run(name, guardcmd.probe(name, key, self.plan.ready_timeout_s))
+            waited = guardcmd.await_serving(self.executor, name, key, self.plan.ready_timeout_s, self._say)
         except TflabError as exc:
-            log.debug("probe of %s failed: %s", name, exc)
+            self.events.put(NotServing(name, self.clock(), f"{name} could not be asked whether it serves: {exc}"))
             return
-        if code == 0:
+        if waited.outcome == "serving":
             self.events.put(Serving(name, self.clock()))
+        elif waited.outcome == "late":
+            self.events.put(NotServing(name, self.clock(), waited.problem or f"{name} did not serve"))
 
     def _stop(self, name: str, force: bool) -> None:
         process = self.processes.get(name)

@@ -10,7 +10,8 @@ The rules (DESIGN.md, "Tasks"):
   every server accepts on its port; sidecars (the evaluator) run beside them;
 - the run succeeds when every finisher exited 0; then servers and sidecars are stopped;
 - a finisher that fails stops the run (unless a restart is allowed), as does a server
-  that exits while the finishers run, or one that never serves;
+  that exits while the finishers run, or one that never serves (its wait, guardcmd.await_serving,
+  says so: not serving past the ready timeout and using no CPU; one still busy starting is waited for);
 - after the chief finished, a finisher still running is hung once it has been silent for
   the grace period; one that never printed a step may be sleeping through TF1's
   MonitoredTrainingSession recovery wait (30 s), so it gets that much longer, and if it
@@ -40,6 +41,7 @@ from tflab.run.events import (
     Inject,
     Injected,
     Interrupt,
+    NotServing,
     Printed,
     PeerEnded,
     Release,
@@ -98,6 +100,8 @@ class RunMachine:
             return self._output(event)
         if isinstance(event, Serving):
             return self._serving(event)
+        if isinstance(event, NotServing):
+            return self._not_serving(event)
         if isinstance(event, Exited):
             if event.node in self.injecting:
                 # The node's stream ended while its machine is being killed: whose doing that was is
@@ -180,6 +184,16 @@ class RunMachine:
         if not self.released and all(self.nodes[s].serving for s in self.plan.servers):
             actions += self._release(event.t)
         return actions
+
+    def _not_serving(self, event: NotServing) -> list[Action]:
+        """A server's wait ended without it serving (guardcmd.await_serving says why): before the workers start,
+        the run fails so; after (a server started again by a drill), it is said."""
+        node = self.nodes.get(event.node)
+        if self.finished or node is None or node.role != SERVER or node.serving or node.ended is not None:
+            return []
+        if self.released:
+            return [Say(event.problem)]
+        return self._fail(event.problem)
 
     def _output(self, event: Printed) -> list[Action]:
         node = self.nodes.get(event.node)
@@ -280,9 +294,6 @@ class RunMachine:
         if plan.timeout_s is not None and t - self.began > plan.timeout_s:
             return self._end("timeout", 1, f"the run passed its timeout of {plan.timeout_s:g}s",
                              verdict_for_running="timeout")
-        if not self.released and t - self.began > plan.ready_timeout_s:
-            late = [s for s in plan.servers if not self.nodes[s].serving]
-            return self._fail(f"{', '.join(late)} did not serve on port {GRPC_PORT} within {plan.ready_timeout_s:g}s")
         drill, stalled = self._drill_tick(t)
         if stalled:
             return drill

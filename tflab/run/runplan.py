@@ -26,7 +26,7 @@ class RunPlan:
     sidecars: tuple[str, ...] = ()
     grace_s: float = 30.0  # silence allowed after the chief finished
     timeout_s: float | None = None
-    ready_timeout_s: float = 120.0
+    ready_timeout_s: float = 120.0  # the wait for a server; past it, only while it is busy starting
     restarts: int = 0  # per non-chief finisher
     recovery_wait_s: float = 30.0  # TF1 MonitoredTrainingSession's recovery_wait_secs
     task_index: dict[str, int] = field(default_factory=dict)  # for the device_filters hint

@@ -1,25 +1,47 @@
-"""Is a server there yet: a port that accepts, or a process that still lives."""
+"""Is a server there yet: a port that accepts, a process that ended first, or one still busy starting."""
 
 import socket
 import time
 
-from tflab_guard import registry
+from tflab_guard import busy, registry, standby
+from tflab_guard.protocol import PROBE_BUSY, PROBE_ENDED, PROBE_SERVING, PROBE_TIMEOUT
 
 
 def probe(args):
-    """0 once HOST:PORT accepts (name resolution retried: a swarm service resolves once its task runs),
-    3 when KEY's process ended first, 4 on timeout."""
+    """PROBE_SERVING once HOST:PORT accepts (name resolution retried: a swarm service resolves once its task
+    runs), PROBE_ENDED when KEY's process ended first; at --timeout, PROBE_TIMEOUT, or with --quiet,
+    PROBE_BUSY when KEY's processes (or the standby its program waits for) used the CPU in the last --quiet
+    seconds: printed as `busy SECONDS`, the CPU time they used in this probe."""
     host, _, port = args.address.rpartition(":")
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
+    began = time.monotonic()
+    watched = busy.Progress(min(args.quiet, args.timeout)) if args.quiet and args.key else None
+    stalled, pause = False, 0.05
+    while True:
         if args.key and registry.ended(args.key):
-            return 3
+            return PROBE_ENDED
         try:
             socket.create_connection((host, int(port)), timeout=1).close()
-            return 0
+            return PROBE_SERVING
         except OSError:
-            time.sleep(0.05)
-    return 4
+            pass
+        if watched is not None:
+            stalled = watched.stalled(*_working(args.key))
+        if time.monotonic() - began >= args.timeout:
+            if watched is None or stalled:
+                return PROBE_TIMEOUT
+            print("busy %.1f" % watched.used_s())
+            return PROBE_BUSY
+        time.sleep(pause)
+        pause = min(pause * 1.2, 0.25)  # a server that takes seconds to start needs no 20 looks a second
+
+
+def _working(key):
+    """(what to watch, how to read its CPU ticks): KEY's process group, or while its program waits for the
+    node's standby, the standby (importing TensorFlow)."""
+    pgid = registry.read_pid(key)
+    if pgid is None:
+        pgid = registry.read_pid(standby.KEY)
+    return pgid, busy.group_ticks if pgid is not None else (lambda _none: None)
 
 
 def alive(args):

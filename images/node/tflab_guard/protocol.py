@@ -16,7 +16,7 @@ import json
 import os
 import signal
 
-VERSION = 2  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
+VERSION = 3  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
 GUARD_PATH = "/usr/local/share/tflab/guard.pyz"
 GUARD = ["python3", GUARD_PATH]
 PROG = "tflab-guard"
@@ -32,6 +32,13 @@ RENEW_EVERY_S = 1.0  # how often tflab renews a lease
 # tests shorten it with TFLAB_GUARD_LEASE_S).
 LEASE_S = float(os.environ.get("TFLAB_GUARD_LEASE_S") or 10.0)
 # So every process of a run ends within LEASE_S + STOP_GRACE_S (+ a check's second) of tflab's death.
+
+# A probe's answers (its exit code): the port accepts; the server's process ended first; not serving at the
+# timeout (and, asked to tell, its processes used no CPU lately: it is stuck); not serving but busy starting.
+PROBE_SERVING, PROBE_ENDED, PROBE_TIMEOUT, PROBE_BUSY = 0, 3, 4, 5
+# A server not serving at the timeout whose processes used no CPU for this long is stuck; one that used
+# the CPU in that time is still starting, and waited for.
+SERVE_QUIET_S = 15.0
 
 # How a process ended (Ending.reason).
 EXITED = "exited"        # it exited by itself with a code
@@ -210,6 +217,8 @@ def parser():
     p.add_argument("address")
     p.add_argument("--key")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--quiet", type=float, help="at the timeout, busy (5) when KEY's processes used the CPU "
+                                               "in the last QUIET seconds")
     p = verbs.add_parser("alive")
     p.add_argument("key")
     p = verbs.add_parser("ended")
@@ -232,7 +241,10 @@ def parse(words):
     """The guard's arguments: everything after the first `--` is the command, untouched."""
     words = list(words)
     split = words.index("--") if "--" in words else len(words)
-    args = parser().parse_args(words[:split])
+    top = parser()
+    args = top.parse_args(words[:split])
+    if args.verb == "stop" and args.protocol > VERSION:  # a newer tflab: refused as an older guard refuses
+        top.error("tflab speaks protocol %d, this guard %d" % (args.protocol, VERSION))
     args.argv = words[split + 1:]
     return args
 

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from tflab_guard import commands, groups, memory, proctitle, registry
+from tflab_guard import busy, commands, groups, memory, proctitle, registry
 
 KEY = "standby"
 HEADER = struct.Struct("!I")
@@ -185,7 +185,7 @@ def claim(given_up=lambda: False, stalled_s=STALLED_S):
     quicker, least of all in a node held to a sliver of a CPU (a `fault cpu`), where an import takes a minute
     and two at once take twice that. One whose import has used no CPU for `stalled_s` is passed over.
     """
-    progress = Progress(stalled_s)
+    progress = busy.Progress(stalled_s)
     while not given_up():
         with registry.locked("claim"):
             if os.path.exists(socket_path()):
@@ -200,35 +200,10 @@ def claim(given_up=lambda: False, stalled_s=STALLED_S):
                     pass
                 sock.close()
         pid = registry.read_pid(KEY)
-        if pid is None or progress.stalled(pid):
+        if pid is None or progress.stalled(pid, busy.group_ticks):
             return None  # none importing, or one that no longer moves
         time.sleep(0.05)
     return None
-
-
-class Progress(object):
-    """Whether a process has used no CPU time for `stalled_s` (its user and system time, from /proc)."""
-
-    def __init__(self, stalled_s, clock=time.monotonic):
-        self.stalled_s = stalled_s
-        self.clock = clock
-        self.seen = None  # (pid, its CPU ticks, when they last grew)
-
-    def stalled(self, pid):
-        ticks, now = cpu_ticks(pid), self.clock()
-        if self.seen is None or self.seen[0] != pid or ticks is None or ticks > self.seen[1]:
-            self.seen = (pid, ticks or 0, now)
-            return False
-        return now - self.seen[2] >= self.stalled_s
-
-
-def cpu_ticks(pid):
-    """The user and system CPU time `pid` has used, in clock ticks; None when there is no such process."""
-    fields = registry.stat_fields(pid)
-    try:
-        return int(fields[11]) + int(fields[12]) if fields else None
-    except (IndexError, ValueError):
-        return None
 
 
 def hand_over(key, argv, env, sock, stdout, stderr, grace):
