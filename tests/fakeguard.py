@@ -28,6 +28,9 @@ def probe(argv: list[str], serves_at: float | None, busy: bool, now: Callable[[]
     if serves_at is not None and serves_at <= now() + timeout:
         sleep(max(0.0, serves_at - now()))
         return PROBE_SERVING, ""
+    if "--while-busy" in argv and not busy and quiet is not None:
+        sleep(min(quiet, timeout))  # stuck: said once it used no CPU for --quiet seconds
+        return PROBE_TIMEOUT, ""
     sleep(timeout)
     if busy and quiet is not None and "--key" in argv:
         return PROBE_BUSY, f"busy {timeout:.1f}\n"  # it used a whole CPU all along

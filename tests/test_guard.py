@@ -341,17 +341,23 @@ def test_a_probe_past_its_timeout_tells_a_server_busy_starting_from_a_stuck_one(
     try:
         with renewing(busy, asleep):
             assert wait_for(lambda: (state / "run:t:ps0.pid").exists() and (state / "run:t:ps1.pid").exists())
-            for key, is_busy in (("run:t:ps0", True), ("run:t:ps1", False)):
-                argv = ["--key", key, "--timeout", "1.5", "--quiet", "1"]
+            # Past a first timeout, --while-busy: a stuck one is said as soon as it used no CPU for --quiet s.
+            for key, is_busy, past, timeout in (("run:t:ps0", True, [], "1.5"), ("run:t:ps1", False, [], "1.5"),
+                                                ("run:t:ps0", True, ["--while-busy"], "1.5"),
+                                                ("run:t:ps1", False, ["--while-busy"], "30")):
+                argv = ["--key", key, "--timeout", timeout, "--quiet", "1", *past]
+                began = time.monotonic()
                 code, out = probe_answer(python, zipapp, env, *argv)
+                took = time.monotonic() - began
                 fake_code, fake_out = fakeguard.probe(["probe", "127.0.0.1:9", *argv], None, is_busy,
                                                       sleep=lambda _s: None)
-                assert code == fake_code == (5 if is_busy else 4), (key, code, out)
+                assert code == fake_code == (5 if is_busy else 4), (key, past, code, out)
                 if is_busy:
                     used = float(out.split()[1])
                     assert out.split()[0] == fake_out.split()[0] == "busy" and 0.2 < used <= 1.6, out
                 else:
                     assert out == fake_out == ""
+                    assert took < 10, f"a stuck server is said after --quiet, not --timeout ({took:.1f}s)"
             # Without --quiet, a probe is the plain wait it was: 4 at its timeout, busy or not.
             assert probe_answer(python, zipapp, env, "--key", "run:t:ps0", "--timeout", "0.5") == (4, "")
             for child in (busy, asleep):

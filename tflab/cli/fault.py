@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from tflab.cli.common import LabOption, backend, console, open_lab
+from tflab.engine import guardcmd
 from tflab.engine.backend import LabBackend
 from tflab.engine.faults import FaultInjector
 from tflab.errors import UserError
@@ -34,6 +35,12 @@ def _do(lab: Path, spec: str, for_s: float | None) -> None:
         raise UserError("--for must be more than 0 seconds")
     doer = injector(lf)
     out = console()
+    if fault.action == "cpu" and lf.warm:
+        doer.check(fault)
+        # The quota is for the training: a standby made after the last run and still importing would take
+        # minutes under it, and the next run would wait for that, not train starved.
+        if guardcmd.wait_imported(doer.executor_for([fault.node]), fault.node):
+            out.print(f"tflab: {fault.node}'s warm interpreter finished importing TensorFlow first")
     out.print(f"tflab: {doer.apply(fault)}")
     if for_s is None:
         if fault.action in faults.TIMED:

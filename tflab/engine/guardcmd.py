@@ -105,11 +105,18 @@ def has_holders(lease_name: str) -> list[str]:
     return Call("holders", lease_name).argv()
 
 
-def probe(node: str, key: str | None, timeout_s: float, quiet_s: float | None = None) -> list[str]:
+def probe(node: str, key: str | None, timeout_s: float, quiet_s: float | None = None,
+          while_busy: bool = False) -> list[str]:
     """Exit 0 once node:2222 accepts connections; 3 when `key`'s process ended first; 4 on timeout; with
-    `quiet_s`, 5 at the timeout when `key`'s processes used the CPU in the last `quiet_s` (busy starting)."""
+    `quiet_s`, 5 at the timeout when `key`'s processes used the CPU in the last `quiet_s` (busy starting);
+    `while_busy`: 4 as soon as they used none for `quiet_s`."""
     return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key,
-                quiet=None if quiet_s is None else float(quiet_s)).argv()
+                quiet=None if quiet_s is None else float(quiet_s), while_busy=while_busy).argv()
+
+
+# How long one probe of a server busy starting lasts (it ends sooner once the server serves, ended, or stopped
+# using the CPU): each is a new interpreter in the server's node, whose CPU may be a sliver.
+BUSY_PROBE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,7 @@ def await_serving(executor: Executor, node: str, key: str | None, timeout_s: flo
             on_busy(f"{node} has not served on port {GRPC_PORT} within {timeout_s:g}s, but it is busy starting "
                     f"({_busy_s(out):.1f} CPU-s in that time): waiting while it uses the CPU")
             said = True
-        code, out = executor.run(node, probe(node, key, quiet_s, quiet_s))
+        code, out = executor.run(node, probe(node, key, BUSY_PROBE_S, quiet_s, while_busy=True))
     if code == protocol.PROBE_SERVING:
         return ServeWait("serving")
     if code == protocol.PROBE_ENDED:
@@ -242,6 +249,24 @@ def warm_up(executor: Executor, names: list[str]) -> None:
             log.debug("no standby in %s: %s", name, exc)
 
     parallel(spawn, names, name="standby")
+
+
+def wait_imported(executor: Executor, node: str, timeout_s: float = 60.0) -> bool:
+    """Until `node`'s standby, if one is being made, has imported TensorFlow; whether one was (and now is ready).
+    What a `fault cpu` waits for: made after each run, a standby still importing when the node is held to a
+    sliver of a CPU takes minutes (tflab's own preparation, which no cluster has) before the next run starts."""
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while time.monotonic() < deadline:
+        try:
+            code, _ = executor.run(node, warm())
+        except TflabError:
+            return False
+        if code != 1:
+            return waited and code == 0
+        waited = True
+        time.sleep(0.5)
+    return False
 
 
 NO_STANDBY_AFTER_S = 3.0

@@ -24,10 +24,10 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
   standby [--idle S]               one interpreter per node with TensorFlow imported, waiting to
                                    become the next --warm program, and its owner; leaves after S s unused.
   warm                             exits 0 while the node's standby is ready.
-  probe HOST:PORT [--key KEY] [--timeout S] [--quiet Q]
+  probe HOST:PORT [--key KEY] [--timeout S] [--quiet Q [--while-busy]]
       exits 0 once HOST:PORT accepts, 3 if KEY's process ended first, 4 on timeout; with --quiet,
       5 at the timeout when KEY's processes used the CPU in the last Q s (still starting), printing
-      `busy SECONDS` (the CPU time they used meanwhile).
+      `busy SECONDS` (the CPU time they used meanwhile); --while-busy: 4 as soon as they used none for Q s.
   alive KEY                        exits 0 while KEY's process lives.
   ended KEY                        prints how KEY's process ended (Ending, JSON), or `unknown`.
   metrics [--every S] [--count N]

@@ -17,6 +17,9 @@ from tflab_guard.protocol import LEASE_S, RENEW, RENEW_EVERY_S, STOP
 # A look at a lease this much later than the last one: this process was not running meanwhile (the
 # cgroup freezer of a `pause` drill, `docker pause`, a suspended host), and neither was its reader.
 FROZEN_S = 2.0
+# A lease is looked at (its folder listed) at most this often: it lapses after LEASE_S, and a guard that
+# looks ten times a second takes a share of a node held to a sliver of a CPU (a `fault cpu`).
+LOOK_EVERY_S = 0.5
 
 
 def folder(lease):
@@ -77,13 +80,21 @@ class Watch:
         self.fresh = fresh or holders
         self.last = clock()
         self.after = self.last
+        self.held_at = None  # when it was last seen held
 
     def lapsed(self):
         now = self.clock()
         if now - self.last >= FROZEN_S:
             self.after = now + 3 * RENEW_EVERY_S
         self.last = now
-        return now >= self.after and not self.fresh(self.lease)
+        if now < self.after:
+            return False
+        if self.held_at is not None and now - self.held_at < LOOK_EVERY_S:
+            return False  # held when last looked at, a moment ago
+        if self.fresh(self.lease):
+            self.held_at = now
+            return False
+        return True
 
 
 def hold(args):

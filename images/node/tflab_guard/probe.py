@@ -3,7 +3,7 @@
 import socket
 import time
 
-from tflab_guard import busy, registry, standby
+from tflab_guard import busy, registry
 from tflab_guard.protocol import PROBE_BUSY, PROBE_ENDED, PROBE_SERVING, PROBE_TIMEOUT
 
 
@@ -11,10 +11,14 @@ def probe(args):
     """PROBE_SERVING once HOST:PORT accepts (name resolution retried: a swarm service resolves once its task
     runs), PROBE_ENDED when KEY's process ended first; at --timeout, PROBE_TIMEOUT, or with --quiet,
     PROBE_BUSY when KEY's processes (or the standby its program waits for) used the CPU in the last --quiet
-    seconds: printed as `busy SECONDS`, the CPU time they used in this probe."""
+    seconds, printed as `busy SECONDS` (the CPU time they used in this probe). With --while-busy, the probe
+    answers PROBE_TIMEOUT as soon as they used no CPU for --quiet seconds (stuck), and PROBE_BUSY at --timeout.
+    It looks a few times a second: it runs in the server's node, whose CPU may be a sliver (a `fault cpu`)."""
     host, _, port = args.address.rpartition(":")
     began = time.monotonic()
-    watched = busy.Progress(min(args.quiet, args.timeout)) if args.quiet and args.key else None
+    watched = None
+    if args.quiet and args.key:
+        watched = busy.Progress(args.quiet if args.while_busy else min(args.quiet, args.timeout), every_s=1.0)
     stalled, pause = False, 0.05
     while True:
         if args.key and registry.ended(args.key):
@@ -26,13 +30,15 @@ def probe(args):
             pass
         if watched is not None:
             stalled = watched.stalled(*_working(args.key))
+            if stalled and args.while_busy:
+                return PROBE_TIMEOUT
         if time.monotonic() - began >= args.timeout:
             if watched is None or stalled:
                 return PROBE_TIMEOUT
             print("busy %.1f" % watched.used_s())
             return PROBE_BUSY
         time.sleep(pause)
-        pause = min(pause * 1.2, 0.25)  # a server that takes seconds to start needs no 20 looks a second
+        pause = min(pause * 1.2, 0.5)  # a server that takes seconds to start needs no 20 looks a second
 
 
 def _working(key):
@@ -40,6 +46,8 @@ def _working(key):
     node's standby, the standby (importing TensorFlow)."""
     pgid = registry.read_pid(key)
     if pgid is None:
+        from tflab_guard import standby  # (a probe that watches nothing need not load the standby's code)
+
         pgid = registry.read_pid(standby.KEY)
     return pgid, busy.group_ticks if pgid is not None else (lambda _none: None)
 

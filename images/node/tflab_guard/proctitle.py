@@ -7,7 +7,6 @@ which Python no longer uses once the environment is set again), and sets the sho
 name `top` shows. Best effort: where it cannot, the title stays as it was.
 """
 
-import ctypes
 import os
 
 PR_SET_NAME = 15
@@ -23,6 +22,8 @@ def _areas():
 def set_title(title, short):
     """Make /proc/self/cmdline read `title`, and /proc/self/comm `short` (15 bytes at most)."""
     try:
+        import ctypes  # here: a guard that sets no title (a stop, a probe) need not load it
+
         arg_start, _arg_end, _env_start, env_end = _areas()
         # libc's environment must not point into the area overwritten below: set every variable again.
         for key, value in list(os.environ.items()):

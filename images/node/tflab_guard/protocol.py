@@ -219,6 +219,8 @@ def parser():
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--quiet", type=float, help="at the timeout, busy (5) when KEY's processes used the CPU "
                                                "in the last QUIET seconds")
+    p.add_argument("--while-busy", action="store_true", help="with --quiet: not serving (4) as soon as KEY's "
+                                                             "processes used no CPU for QUIET seconds")
     p = verbs.add_parser("alive")
     p.add_argument("key")
     p = verbs.add_parser("ended")

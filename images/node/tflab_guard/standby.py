@@ -186,6 +186,7 @@ def claim(given_up=lambda: False, stalled_s=STALLED_S):
     and two at once take twice that. One whose import has used no CPU for `stalled_s` is passed over.
     """
     progress = busy.Progress(stalled_s)
+    pause = 0.05
     while not given_up():
         with registry.locked("claim"):
             if os.path.exists(socket_path()):
@@ -202,7 +203,8 @@ def claim(given_up=lambda: False, stalled_s=STALLED_S):
         pid = registry.read_pid(KEY)
         if pid is None or progress.stalled(pid, busy.group_ticks):
             return None  # none importing, or one that no longer moves
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)  # looking costs a node held to a sliver of a CPU what its import needs
     return None
 
 

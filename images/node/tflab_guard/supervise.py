@@ -23,6 +23,8 @@ from tflab_guard.connection import Connection
 from tflab_guard.protocol import LEASE_S, LOST, REFUSED, STOP_GRACE_S, STOPPED, Ending
 
 POLL_S = 0.1
+HELD_POLL_S = 0.5  # a held program waits for `go` or `stop` (words that wake it at once), a signal, or a lapse
+FOLLOW_IDLE_S = 0.25  # the longest a follower waits between two looks at an output file that does not grow
 OWNER_GONE_S = 2.0  # a warm program gone with no word from its owner for this long: its end is lost
 
 
@@ -67,7 +69,7 @@ class Follower(threading.Thread):
                     return
                 else:
                     time.sleep(idle)
-                    idle = min(idle * 2, POLL_S)
+                    idle = min(idle * 2, FOLLOW_IDLE_S)
         finally:
             if handle is not None:
                 handle.close()
@@ -247,7 +249,7 @@ def run(args):
             if stop_first or told_to_stop():
                 stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else "lease")
                 break
-            connection.released.wait(POLL_S)
+            connection.released.wait(HELD_POLL_S)
         released = connection.released.is_set() and stopper.why is None
     if released:
         registry.write_pid(key, program.release())
