@@ -287,6 +287,25 @@ def test_waiting_for_the_standbys_ends_at_a_ctrl_c() -> None:
     assert ready is False and clock.monotonic() - began < 2.0 and Importing.asked >= 2
 
 
+@pytest.mark.parametrize("answers, waited", [([1, 1, 0], True), ([0], False), ([2], False)])
+def test_a_cpu_fault_first_lets_a_standby_still_importing_finish(answers: list[int], waited: bool) -> None:
+    """`tflab fault cpu` sets the quota once the node's standby (made after the last run) has imported TensorFlow:
+    under 0.1 CPU that import took over 20 CPU-s here, and the next run waited 18 minutes for it. A node whose
+    standby is ready (0) or has none (2) is not waited for."""
+
+    class Node:
+        def __init__(self) -> None:
+            self.asked: list[list[str]] = []
+
+        def run(self, node, argv, env=None, workdir="/"):
+            self.asked.append(list(argv))
+            return answers[min(len(self.asked), len(answers)) - 1], ""  # the guard's `warm`
+
+    node = Node()
+    assert guardcmd.wait_imported(node, "ps0", timeout_s=10.0) is waited  # type: ignore[arg-type]
+    assert len(node.asked) == len(answers) and all(argv[2] == "warm" for argv in node.asked)
+
+
 def test_the_quality_a_chief_prints_is_kept_as_numbers_with_its_times(tmp_path: Path) -> None:
     """Issue 37: accuracy and loss read as the steps are, into run.json's quality and quality_series."""
     from tflab.run.history import quality_of
