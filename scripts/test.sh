@@ -2,9 +2,9 @@
 # The whole test suite, in three steps:
 #  1. the unit tests (no engine needed; the first failure stops them), while the images every
 #     Docker test starts from are built, and those of the Slurm cluster and the second engine;
-#  2. the tests that start real containers: the training tests, then those that mostly wait
-#     (builds of images, a Slurm cluster; late workers); with TFLAB_TESTS_LANES=2 these two lanes run
-#     at once;
+#  2. the tests that start real containers: the training tests and, in a lane beside them, those that
+#     mostly wait (builds of images, a Slurm cluster; late workers) (TFLAB_TESTS_LANES=1: one lane after
+#     the other);
 #  3. the swarm tests (a one-node swarm, a second engine), with no other test's lab beside them: this
 #     engine's `docker swarm leave` takes the names away from every running compose lab's network
 #     (moby/moby#45144: a run there then waits for ever on a name), and Docker 29's `swarm init` does too
@@ -96,11 +96,11 @@ finish; code=$?; unit_s=$((SECONDS - began))
 [ "$code" -eq 0 ] || { prebuilt; exit "$code"; }
 prebuilt
 
-if [ "${TFLAB_TESTS_LANES:-1}" = 2 ]; then
-    # Two lanes share the engine: neither may take down what the other made (conftest.py). Not the
-    # default yet: 31 min against 38 here, but in some full runs a training program never took its first
-    # step. Found on 2026-11-28: the swarm tests, then in the waiting lane, left the swarm while a
-    # training test's lab ran, and its nodes could no longer resolve each other's names (step 3).
+if [ "${TFLAB_TESTS_LANES:-2}" = 2 ]; then
+    # Two lanes share the engine: neither may take down what the other made (conftest.py). In earlier
+    # runs a training program sometimes never took its first step here: the swarm tests, then in the
+    # waiting lane, left the swarm while a training test's lab ran, and its nodes could no longer resolve
+    # each other's names (found on 2026-11-28; step 3 now runs them apart).
     echo "test: the Docker tests: the waiting tests (their output follows the others') beside the rest"
     TFLAB_TESTS_SHARED_ENGINE=1 lane waits "docker and waits and not swarm and not alone" -v -rs "$@" \
         >"$work/waits.log" 2>&1
