@@ -269,7 +269,7 @@ def long_lab(module_labs) -> Path:
     """up_long_lab's lab, shared by a module's tests: each ends with no task process left in it (every test
     of it asserts so), as a user's next run finds a lab after a stopped, killed or interrupted one. Sharing
     it is that promise kept over the module, and it spares each test a lab of its own: its bring-up, and
-    the standbys a lab makes at `up` and after its last run only to be torn down."""
+    the standbys a lab makes at `up` only to be torn down."""
     return up_long_lab(module_labs)
 
 

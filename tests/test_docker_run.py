@@ -56,9 +56,9 @@ HEALTHCHECK = "bash -c exec 3<>/dev/tcp/127.0.0.1/22"  # the node's healthcheck,
 
 
 def task_processes(client, project: str) -> dict[str, str]:
-    """Every node's processes but its own: init, sshd, an idle standby interpreter, an exec being set up.
+    """Every node's processes but its own: init, sshd, the standby interpreter, an exec being set up.
 
-    A standby running a task's program (its pid is in a task's pid file) counts. A process already
+    A standby's pid in a task's pid file (a program running in it) counts. A process already
     exiting (its memory gone: `ps` shows its name in brackets) is looked at again a moment later:
     a guard that has just told tflab its program's end may still be on its way out, a leak is not.
     """
@@ -91,7 +91,7 @@ def _task_processes(client, project: str) -> dict[str, str]:
             if args.startswith("python3 /usr/local/share/tflab/guard.pyz standby") and pid not in busy:
                 continue
             if args.startswith("tflab-guard standby owner"):
-                continue  # the standby's owner: its child, the program once claimed, is what runs
+                continue  # the standby's parent, which waits for it to leave (a claim's owner is titled "warm owner")
             if args.startswith("python3 /usr/local/share/tflab/guard.pyz") and (
                     {"ended", "delivered"} & set(args.split())):
                 continue  # tflab asking how a process ended, or telling the node it read all its output

@@ -165,6 +165,10 @@ def children_of(pid: int) -> list[int]:
     return _live_with(1, pid)
 
 
+def ppid_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def cmdline(pid: int) -> str:
     """What `ps -ef` shows for `pid`."""
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
@@ -462,74 +466,129 @@ def test_two_stops_at_once_both_finish_cleanly(python: Path, zipapp: Path, env, 
         assert len(list(state.glob(f"run:t{round_}:*.exit"))) == 300, "how they ended is kept for tflab to read"
 
 
-def test_a_warm_standby_becomes_the_program_with_its_environment_output_and_title(
-        guard, verb, python: Path, zipapp: Path, env, tmp_path: Path) -> None:
+def test_a_warm_program_is_a_copy_of_the_standby_with_its_environment_output_and_title(
+        guard, verb, standbys, python: Path, env, tmp_path: Path) -> None:
     env = fake_tensorflow(tmp_path, env)
-    standby = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_for(lambda: verb("warm", env=env) == 0)
+    standby = standbys(env)
     program = tmp_path / "prog.py"
     program.write_text(
         "import os, sys\nimport tensorflow\n"
         "print(os.getpid(), tensorflow.IMPORTED_IN, os.environ['ONLY_HERE'], os.getcwd(), sys.argv[1:], __name__,"
-        " os.getppid(), sep='|')\n"
+        " os.getppid(), open('/proc/%d/stat' % os.getppid()).read().rsplit(')', 1)[1].split()[1], sep='|')\n"
         "print(open('/proc/%d/cmdline' % os.getpid(), 'rb').read().rstrip(b'\\0').decode(), flush=True)\n"
         "sys.stderr.write('to stderr\\n')\nsys.exit(5)\n"
     )
     cwd = tmp_path / "work"
     cwd.mkdir()
-    child = guard("run", "run:t:worker0", "--warm", "--shell", f"{python.name} {program} a 'b c'",
-                  env={**env, "ONLY_HERE": "task-env"}, cwd=cwd)
-    out = released(child)
-    assert child.returncode == 5
-    lines = [line for line in out.splitlines() if line != "to stderr"]  # stdout and stderr are two streams
-    assert "to stderr" in out.splitlines()
-    pid, imported, only, where, argv, name, parent = lines[0].split("|")
-    assert pid == imported, "the program ran in the standby, TensorFlow imported before"
-    assert parent == str(standby.pid), "the standby's owner is its parent"
-    assert (only, where, argv, name) == ("task-env", str(cwd), "['a', 'b c']", "__main__")
-    assert lines[1] == f"{python.name} {program} a 'b c'", "ps shows the program, not tflab's standby"
-    assert standby.wait(timeout=10) == 0  # the owner: it waited on the program and recorded its end
-    assert Ending.from_json((tmp_path / "state" / "run:t:worker0.exit").read_text()) == Ending(5, None, "exited")
-    assert verb("warm", env=env) == 2  # used up: none there
+    for round_ in range(2):  # the standby stays: the next program is warm at once
+        child = guard("run", f"run:t:worker{round_}", "--warm", "--shell", f"{python.name} {program} a 'b c'",
+                      env={**env, "ONLY_HERE": "task-env"}, cwd=cwd)
+        out = released(child)
+        assert child.returncode == 5
+        lines = [line for line in out.splitlines() if line != "to stderr"]  # stdout and stderr are two streams
+        assert "to stderr" in out.splitlines()
+        pid, imported, only, where, argv, name, parent, grandparent = lines[0].split("|")
+        assert imported == str(standby.pid) != pid, "TensorFlow was imported before, by the standby"
+        assert grandparent == str(standby.pid), "its parent, its owner, is the standby's child"
+        assert (only, where, argv, name) == ("task-env", str(cwd), "['a', 'b c']", "__main__")
+        assert lines[1] == f"{python.name} {program} a 'b c'", "ps shows the program, not tflab's standby"
+        assert wait_for(lambda: not running(int(parent))), "its owner leaves once it has recorded the end"
+        assert Ending.from_json((tmp_path / "state" / f"run:t:worker{round_}.exit").read_text()) == Ending(
+            5, None, "exited")
+        assert verb("warm", env=env) == 0, "still there for the next program"
 
 
-def test_one_standby_per_node_and_one_claimant_gets_it(guard, verb, python: Path, zipapp: Path, env, state: Path,
-                                                        tmp_path: Path) -> None:
+def test_one_standby_per_node_and_programs_at_once_all_start_warm(guard, verb, standbys, python: Path, zipapp: Path,
+                                                                   env, state: Path, tmp_path: Path) -> None:
     env = fake_tensorflow(tmp_path, env)
-    standbys = [subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for _ in range(3)]
-    assert wait_for(lambda: verb("warm", env=env) == 0)
-    assert wait_for(lambda: sum(s.poll() is None for s in standbys) == 1), "the others left at once"
-    (kept,) = [s.pid for s in standbys if s.poll() is None]
+    standby = standbys(env)
+    others = [subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+              for _ in range(2)]
+    assert [other.wait(timeout=30) for other in others] == [0, 0], "the others left at once"
+    assert children_of(standby.keeper.pid) == [standby.pid]
     program = tmp_path / "prog.py"
-    program.write_text(f"import os, time\nimport tensorflow\ntime.sleep(1)\nprint(os.getppid() == {kept})\n")
+    program.write_text("import os, time\nimport tensorflow\ntime.sleep(1)\n"
+                       "print(tensorflow.IMPORTED_IN != os.getpid())\n")
     children = [guard("run", f"run:t:worker{i}", "--warm", "--shell", f"{python.name} {program}", env=env)
                 for i in range(3)]
     outputs = [ended(child) for child in children]
     assert [child.returncode for child in children] == [0, 0, 0], outputs
-    assert sorted(outputs) == ["False\n", "False\n", "True\n"], "one ran in the standby, the others on their own"
+    assert outputs == ["True\n", "True\n", "True\n"], "each ran as a copy of the standby, none importing anew"
+    assert (tmp_path / "imported").read_text() == "x"
 
 
-def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(guard, verb, python: Path, zipapp: Path,
+def test_a_forked_program_draws_its_own_random_numbers(guard, standbys, python: Path, env, tmp_path: Path) -> None:
+    """Two programs from one standby do not repeat each other's draws (Python's generator; NumPy's global one where
+    NumPy is there), as two programs started anew would not."""
+    env = fake_tensorflow(tmp_path, env)
+    init = tmp_path / "site" / "tensorflow" / "__init__.py"
+    # TensorFlow imports NumPy (its global generator seeded then), where this interpreter has it.
+    init.write_text("import random\ntry:\n    import numpy.random\nexcept ImportError:\n    pass\n" + init.read_text())
+    standbys(env)
+    program = tmp_path / "draw.py"
+    program.write_text("import os, random\nimport tensorflow\ntry:\n    import numpy\n    n = numpy.random.random()\nexcept ImportError:\n"
+                       "    n = None\nprint(random.random(), n, tensorflow.IMPORTED_IN != os.getpid())\n")
+    draws = []
+    for i in range(2):
+        child = guard("run", f"run:t:worker{i}", "--warm", "--shell", f"{python.name} {program}", env=env)
+        draws.append(ended(child))
+    (python_draws, numpy_draws, warm) = zip(*(draw.split() for draw in draws))
+    assert warm == ("True", "True"), "both ran warm"
+    assert python_draws[0] != python_draws[1], draws
+    assert numpy_draws == ("None", "None") or numpy_draws[0] != numpy_draws[1], draws
+
+
+def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(guard, verb, standbys, python: Path,
                                                                             env, tmp_path: Path) -> None:
     env = fake_tensorflow(tmp_path, env)
     done = guard("run", "run:t:worker1", "--warm", "--shell", "echo plain", env=env)
     assert released(done) == "plain\n" and done.returncode == 0
-    standby = subprocess.Popen([str(python), str(zipapp), "standby"], env=env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_for(lambda: verb("warm", env=env) == 0)
+    standby = standbys(env)
     program = tmp_path / "forever.py"
     program.write_text("import time\nimport tensorflow\nprint('up', flush=True)\ntime.sleep(300)\n")
     child = guard("run", "run:t:worker2", "--warm", "--grace", "0.5", "--shell", f"{python.name} {program}", env=env)
     assert child.stdout.readline() == "up\n"
-    (warm,) = children_of(standby.pid)
+    (warm,) = standby.programs()
     assert cmdline(warm) == f"{python.name} {program}"
     child.stdin.close()  # tflab goes away: its lease lapses
     assert child.wait(timeout=LEASE_S + 10) == 143
-    assert standby.wait(timeout=10) == 0 and not running(warm)
+    assert wait_for(lambda: not running(warm) and not standby.programs())
     assert Ending.from_json((tmp_path / "state" / "run:t:worker2.exit").read_text()) == Ending(143, "SIGTERM", "lease")
+    assert verb("warm", env=env) == 0, "the standby itself goes on"
+
+
+class Standby:
+    """A standby started for a test: `keeper` is the process started (its parent), `pid` the interpreter."""
+
+    def __init__(self, keeper: subprocess.Popen, pid: int) -> None:
+        self.keeper, self.pid = keeper, pid
+
+    def programs(self) -> list[int]:
+        """The programs forked from it now running (each its claim's owner's child)."""
+        return [pid for owner in children_of(self.pid) for pid in children_of(owner)]
+
+
+@pytest.fixture
+def standbys(python: Path, zipapp: Path, verb, state: Path):
+    """Start a standby in `env` (`standbys(env)`), ready once returned; every one started ends after the test
+    (a standby stays until it is unclaimed for its idle time)."""
+    started: list[subprocess.Popen] = []
+
+    def start(env: dict[str, str], idle: float = 60) -> Standby:
+        keeper = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", str(idle)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started.append(keeper)
+        assert wait_for(lambda: verb("warm", env=env) == 0)
+        return Standby(keeper, int((state / "standby.pid").read_text().split()[0]))
+
+    yield start
+    for keeper in started:
+        for pid in children_of(keeper.pid):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        keeper.kill()
+        keeper.wait(timeout=10)
 
 
 def slow_tensorflow(tmp_path: Path, env: dict[str, str], how: str) -> dict[str, str]:
@@ -604,17 +663,15 @@ def test_the_zipapp_is_the_same_bytes_every_time() -> None:
     assert guard_zipapp() == guard_zipapp()
 
 
-def test_a_failing_program_in_the_warm_interpreter_shows_its_own_traceback(guard, verb, python: Path, zipapp: Path,
+def test_a_failing_program_in_the_warm_interpreter_shows_its_own_traceback(guard, verb, standbys, python: Path,
                                                                           env, tmp_path: Path) -> None:
     env = fake_tensorflow(tmp_path, env)
-    standby = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_for(lambda: verb("warm", env=env) == 0)
+    standbys(env)
     program = tmp_path / "broken.py"
     program.write_text("import tensorflow\n\ndef main():\n    raise ValueError('bad input')\n\nmain()\n")
     child = guard("run", "run:t:worker0", "--warm", "--shell", f"{python.name} {program}", env=env)
     out = released(child)
-    assert child.returncode == 1 and standby.wait(timeout=10) == 0
+    assert child.returncode == 1
     lines = out.splitlines()
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[1].startswith(f'  File "{program}", line 6'), "the program's own frames, none of the guard's"
@@ -673,26 +730,23 @@ ENDINGS = {
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 @pytest.mark.parametrize("how", sorted(ENDINGS))
-def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, python: Path, zipapp: Path, env, state: Path,
+def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, standbys, python: Path, env, state: Path,
                                                       tmp_path: Path, how: str, warm: bool) -> None:
     import signal
 
     env = fake_tensorflow(tmp_path, env)
     program = tmp_path / "ending.py"
     program.write_text(ENDING_PROGRAM)
-    standby = None
-    if warm:
-        standby = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        assert wait_for(lambda: verb("warm", env=env) == 0)
+    standby = standbys(env) if warm else None
     sender, expected = ENDINGS[how]
     child = guard("run", "run:t:worker0", *(["--warm"] if warm else []), "--grace", "2", "--shell",
                   f"{python.name} {program} {how}", env=env, stderr=subprocess.DEVNULL)
     with renewing(child):  # tflab is there throughout: the ending is the program's own, never a lapse
         pid = int(child.stdout.readline())
         if sender is not None:  # (the others may have ended already)
-            owner = standby.pid if standby is not None else child.pid
-            assert pid in children_of(owner), "the program is its owner's child (the standby's owner, or its guard)"
+            owners = children_of(standby.pid) if standby is not None else [child.pid]
+            assert ppid_of(pid) in owners, "the program is its owner's child (its claim's, forked by the standby, " \
+                                           "or its guard)"
         if sender == "stop":
             child.stdin.write("stop\n")
             child.stdin.flush()
@@ -701,7 +755,7 @@ def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, python: Path,
         assert child.wait(timeout=20) == expected.code
     assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == expected
     if standby is not None:
-        assert standby.wait(timeout=10) == 0
+        assert verb("warm", env=env) == 0 and wait_for(lambda: not children_of(standby.pid))
 
 
 def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, python: Path, zipapp: Path, env,

@@ -289,7 +289,7 @@ def test_waiting_for_the_standbys_ends_at_a_ctrl_c() -> None:
 
 @pytest.mark.parametrize("answers, waited", [([1, 1, 0], True), ([0], False), ([2], False)])
 def test_a_cpu_fault_first_lets_a_standby_still_importing_finish(answers: list[int], waited: bool) -> None:
-    """`tflab fault cpu` sets the quota once the node's standby (made after the last run) has imported TensorFlow:
+    """`tflab fault cpu` sets the quota once the node's standby (one still importing) has imported TensorFlow:
     under 0.1 CPU that import took over 20 CPU-s here, and the next run waited 18 minutes for it. A node whose
     standby is ready (0) or has none (2) is not waited for."""
 

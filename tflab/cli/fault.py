@@ -37,7 +37,7 @@ def _do(lab: Path, spec: str, for_s: float | None) -> None:
     out = console()
     if fault.action == "cpu" and lf.warm:
         doer.check(fault)
-        # The quota is for the training: a standby made after the last run and still importing would take
+        # The quota is for the training: a standby still importing (at `up`, or made again after a run) would take
         # minutes under it, and the next run would wait for that, not train starved.
         if guardcmd.wait_imported(doer.executor_for([fault.node]), fault.node):
             out.print(f"tflab: {fault.node}'s warm interpreter finished importing TensorFlow first")

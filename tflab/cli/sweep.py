@@ -96,7 +96,8 @@ def sweep_cmd(
             if stopped[0]:
                 break
             if ran_one and lf.warm:
-                # the last run asked for new standbys: a run started now would import TensorFlow beside them
+                # a standby the last run made again (where one had gone) may still import: a run started now would
+                # import TensorFlow beside it
                 guardcmd.wait_warm(backend(lf).executor(nodes, via), nodes, given_up=lambda: stopped[0])
             definition = lf.config.task(sweep.point_task(spec, point))
             knobs = sweep.point_knobs(point, lf.lab, len(lf.config.host.cpus))

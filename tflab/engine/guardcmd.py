@@ -253,8 +253,8 @@ def warm_up(executor: Executor, names: list[str]) -> None:
 
 def wait_imported(executor: Executor, node: str, timeout_s: float = 60.0) -> bool:
     """Until `node`'s standby, if one is being made, has imported TensorFlow; whether one was (and now is ready).
-    What a `fault cpu` waits for: made after each run, a standby still importing when the node is held to a
-    sliver of a CPU takes minutes (tflab's own preparation, which no cluster has) before the next run starts."""
+    What a `fault cpu` waits for: a standby still importing (made at `up`, or again after a run where one had
+    gone) when the node is held to a sliver of a CPU takes minutes (tflab's own preparation, which no cluster has) before the next run starts."""
     deadline = time.monotonic() + timeout_s
     waited = False
     while time.monotonic() < deadline:

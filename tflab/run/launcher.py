@@ -170,7 +170,7 @@ class Launcher:
         self._heal_drills()
         self._clear(nodes, force=True)
         if self.setup.warm:
-            warm_up(self.executor, nodes)  # ready for the next run (imports in the background)
+            warm_up(self.executor, nodes)  # a standby again where one has gone (unclaimed too long, or out of memory)
         for handle in self.logs.values():
             handle.close()
         assert self.machine.finish is not None

@@ -21,8 +21,8 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
       then), 3 when the node holds more: tflab attaches again for the rest.
   hold LEASE HOLDER                holds LEASE while tflab renews it (`stop` leaves).
   holders LEASE                    exits 0 while LEASE has a holder renewed in the last LEASE_S.
-  standby [--idle S]               one interpreter per node with TensorFlow imported, waiting to
-                                   become the next --warm program, and its owner; leaves after S s unused.
+  standby [--idle S]               one interpreter per node with TensorFlow imported, which forks
+                                   each --warm program (and its owner); leaves after S s unclaimed.
   warm                             exits 0 while the node's standby is ready.
   probe HOST:PORT [--key KEY] [--timeout S] [--quiet Q [--while-busy]]
       exits 0 once HOST:PORT accepts, 3 if KEY's process ended first, 4 on timeout; with --quiet,

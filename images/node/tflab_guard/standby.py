@@ -1,18 +1,23 @@
-"""The warm standby: one interpreter per node with TensorFlow imported, waiting to become the next program.
+"""The warm standby: one interpreter per node with TensorFlow imported, of which each program is a copy.
 
-Its owner (the process that made it) is its parent: it waits on it and records how the program it
-became ended, exactly as a guard records a cold program's end (protocol.Ending).
 A `run --warm` (or `serve --warm`) claims it over a unix socket, then hands it the program:
 argv, environment, folder, and its own standard input, output and error, passed as file
-descriptors (sendmsg with SCM_RIGHTS: socket.send_fds is Python 3.9+). The standby becomes
-the program, with the program's command line as its process title. It is made again after
-each run (tflab asks) and leaves after a while unused. Only one is ever made at a time
-(a lock held while it waits), and only one guard claims it (a lock around the claim).
+descriptors (sendmsg with SCM_RIGHTS: socket.send_fds is Python 3.9+). The standby forks
+for each claim: that child owns the claim, and forks the program, whose parent it stays: it
+waits on it and records how it ended, exactly as a guard records a cold program's end
+(protocol.Ending). The program is the interpreter copied, TensorFlow imported (memory shared
+until it writes it), with the program's command line as its process title. The standby
+itself stays, ready for the next program at once (two at a time alike), and leaves after a
+while unclaimed. Only one is ever made at a time (a lock held while it lives), and claims
+are taken one by one (a lock around a claim).
 """
 
 import array
+import gc
 import json
 import os
+import random
+import signal
 import socket
 import struct
 import sys
@@ -72,41 +77,35 @@ def recv_fds(sock, max_fds):
 
 
 def standby(args):
-    """Make the standby: a child that imports TensorFlow and waits to become a program, and this process, its
-    owner, which waits on it and records how the program it became ended (the same Ending as a cold one's)."""
+    """Make the standby: a child that imports TensorFlow once and, for each program handed to it, forks (the
+    program a copy of an interpreter that has imported it); this process, its parent, waits until it leaves."""
     lock = registry.try_lock("standby")
     if lock is None:
         return 0  # this node has one already, or one is being made
-    said, told = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(said)
         try:
-            code = interpreter(args, lock, told)
-        except SystemExit as leaving:  # the program it became has ended: exit as it asked
+            code = interpreter(args, lock)
+        except SystemExit as leaving:  # a program it forked has ended: that process exits as it asked
             raise leaving
-        except BaseException:  # noqa: BLE001 - never back into the owner's code
+        except BaseException:  # noqa: BLE001 - never back into the parent's code
             code = 1
         os._exit(code)
-    os.close(told)
-    lock.close()  # the child holds the lock (the same open file) while it waits
+    lock.close()  # the child holds the lock (the same open file) while it lives
     proctitle.set_title("tflab-guard standby owner", "tflab-owner")
-    _, status = os.waitpid(pid, 0)
-    os.set_blocking(said, False)
-    try:
-        words = os.read(said, 4096).decode().split()
-    except OSError:
-        words = []
-    if len(words) < 2:
-        return 0  # it became no program (left unused, or its claimant went away)
-    key, before = words[0], None if words[1] == "-" else int(words[1])
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    registry.write_exit(key, memory.OomWatch(before).ending(code, registry.stopped_why(key)))
+    os.waitpid(pid, 0)
     return 0
 
 
-def interpreter(args, lock, told):
-    """The standby itself: TensorFlow imported, waiting on the socket; the program once claimed (no return)."""
+# The standby's memory is not the program's: where the node runs out, the kernel ends it first (its
+# programs are set back to the node's own score), so a program has the memory it would have on a machine
+# of the node's size without it.
+OOM_SCORE = "/proc/self/oom_score_adj"
+
+
+def interpreter(args, lock):
+    """The standby itself: TensorFlow imported, waiting on the socket; in a claim's forked child, that claim's
+    owner, and below it the program (which exits as the program ends)."""
     try:
         os.setsid()
     except OSError:
@@ -117,21 +116,60 @@ def interpreter(args, lock, told):
     except Exception:  # noqa: BLE001 - no TensorFlow: no standby
         registry.unlink(registry.pid_path(KEY))
         return 1
+    if hasattr(gc, "freeze"):  # Python 3.7+: a program's collections leave the shared pages alone
+        gc.freeze()
+    own_score = _oom_score(1000)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # each claim's owner is reaped as it ends
     path = socket_path()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     registry.unlink(path)
     server.bind(path)
-    server.listen(1)
+    server.listen(8)
     server.settimeout(args.idle)
+    standby_pid = os.getpid()
     try:
-        connection, _ = server.accept()
-    except socket.timeout:
-        return 0
+        connection = _accept_claims(server)
     finally:
-        server.close()
-        registry.unlink(path)
-        registry.unlink(registry.pid_path(KEY))
-        lock.close()  # taken (or gone): the next standby may be made
+        if os.getpid() == standby_pid:  # the standby leaves (unused for a while); a claim's child goes on
+            server.close()
+            registry.unlink(path)
+            registry.unlink(registry.pid_path(KEY))
+            lock.close()  # the next standby may be made
+    if connection is None:
+        return 0
+    server.close()
+    lock.close()  # the standby's, not this child's
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _oom_score(own_score)
+    return own_claim(connection)
+
+
+def _accept_claims(server):
+    """Accept claims until none came for the idle time (None); in each claim's forked child, its connection."""
+    while True:
+        try:
+            connection, _ = server.accept()
+        except socket.timeout:
+            return None
+        if os.fork() == 0:
+            return connection
+        connection.close()
+
+
+def _oom_score(score):
+    """Set this process's OOM score adjustment (best effort); the one it had."""
+    try:
+        with open(OOM_SCORE) as handle:
+            was = handle.read().strip()
+        with open(OOM_SCORE, "w") as handle:
+            handle.write(str(score))
+        return was
+    except (OSError, ValueError):
+        return str(score)
+
+
+def own_claim(connection):
+    """In a claim's child: take the program, fork it, wait on it and record its end (this child is its owner)."""
     connection.settimeout(None)
     try:
         connection.sendall(TAKEN)
@@ -141,16 +179,26 @@ def interpreter(args, lock, told):
     if len(fds) != 3:
         return 1
     request = json.loads(message.decode())
-    before = memory.oom_kills()
-    os.write(told, ("%s %s\n" % (request["key"], "-" if before is None else before)).encode())
-    os.close(told)
-    become(request, fds, connection)
-    return 0  # not reached: become() exits
+    key = request["key"]
+    oom = memory.OomWatch()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # the program's own group, which a stop signals
+        become(request, fds, connection)  # exits as the program ends
+    for fd in fds:
+        os.close(fd)
+    connection.close()
+    proctitle.set_title("tflab-guard warm owner", "tflab-owner")
+    _, status = os.waitpid(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    registry.write_exit(key, oom.ending(code, registry.stopped_why(key)))
+    return 0
 
 
 def become(request, fds, connection):
     """Turn this interpreter into the program of `request`, on the descriptors `fds`; exits with its code."""
     connection.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+    _reseed()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -171,6 +219,18 @@ def become(request, fds, connection):
 
     threading.Thread(target=watch_claimant, daemon=True).start()
     sys.exit(commands.run_program(argv))
+
+
+def _reseed():
+    """A forked program draws its own random numbers, as a program started anew would: the generators seeded at
+    import (Python's; NumPy's global one, which TensorFlow imports) are seeded again from the system."""
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:  # noqa: BLE001 - a NumPy without the legacy global generator
+            pass
 
 
 # A standby whose import has not used the CPU for this long is stalled: the program starts on its own instead.
