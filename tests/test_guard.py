@@ -617,6 +617,22 @@ def importing_standby(python: Path, zipapp: Path, env: dict[str, str], state: Pa
         owner.wait(timeout=10)
 
 
+def test_a_killed_standby_leaves_no_word_that_the_next_is_ready(verb, standbys, python: Path, zipapp: Path, env,
+                                                               state: Path, tmp_path: Path) -> None:
+    """The out-of-memory killer ends the standby first: its socket stays behind, and the standby made next must not
+    be said ready (`warm` 0) while it still imports (a `fault cpu` and a sweep wait on that word)."""
+    env = fake_tensorflow(tmp_path, env)
+    first = standbys(env)
+    os.killpg(first.pid, signal.SIGKILL)
+    assert wait_for(lambda: not running(first.pid)) and (state / "standby.sock").exists()
+    init = tmp_path / "site" / "tensorflow" / "__init__.py"
+    init.write_text("import time\nbegan = time.time()\nwhile time.time() - began < 60: pass\n" + init.read_text())
+    with importing_standby(python, zipapp, env, state):
+        assert wait_for(lambda: verb("warm", env=env) == 1), "the next one, importing"
+        time.sleep(1)
+        assert verb("warm", env=env) == 1
+
+
 @pytest.mark.parametrize("how", ["busy", "asleep"])
 def test_a_standby_still_importing_is_waited_for_while_its_import_moves_and_passed_over_once_it_stalls(
         python: Path, zipapp: Path, env, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:

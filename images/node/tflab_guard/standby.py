@@ -110,6 +110,9 @@ def interpreter(args, lock):
         os.setsid()
     except OSError:
         pass
+    # A socket left by a standby that was killed (the OOM killer takes it first) would say this one ready while
+    # it still imports: the lock held, no live standby has it.
+    registry.unlink(socket_path())
     registry.write_pid(KEY, os.getpgrp())
     try:
         import tensorflow  # noqa: F401  (the point: paid before anyone waits for it)
