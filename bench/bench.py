@@ -526,6 +526,47 @@ def bench_sweep(root: Path, repeats: int) -> None:
         note="the sweep also writes its rows, plots, report and HParams")
 
 
+def host_cpu_s() -> float:
+    """The host's CPU time so far, every core (user, nice, system, irq, softirq, steal), in seconds."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_next_run(root: Path, repeats: int) -> None:
+    """Runs back to back: each node's warm interpreter kept, every program a fork of it (what tflab does), against
+    the interpreter made again after each run (what it did before: a fresh import of TensorFlow in every node)."""
+    lab = gen(root, 4)
+    add_task(lab, "short", SWEEP_TASK)
+    sh([*TFLAB, "up", "--lab", str(lab)])
+    containers = lab_containers(daemon.client(), labfiles.open_lab(lab).project)
+    wait_warm(containers)
+    guard = ["python3", "/usr/local/share/tflab/guard.pyz"]
+
+    def run_then_ready(made_again: bool) -> tuple[float, float]:
+        """Wall seconds and host CPU seconds of one run and its nodes' readiness for the next."""
+        began, cpu = time.perf_counter(), host_cpu_s()
+        sh([*TFLAB, "run", "short", "--lab", str(lab)])
+        if made_again:
+            for container in containers.values():  # the interpreter ends, and a new one imports TensorFlow
+                sh(["docker", "exec", container.id, "python3", "-c",
+                    "import os; os.killpg(int(open('/run/tflab/standby.pid').read().split()[0]), 9)"])
+                sh(["docker", "exec", "-d", container.id, *guard, "standby"])
+        wait_warm(containers)
+        return time.perf_counter() - began, host_cpu_s() - cpu
+
+    kept, again = [], []
+    try:
+        for _ in range(repeats):
+            kept.append(run_then_ready(False))
+            again.append(run_then_ready(True))
+    finally:
+        down(lab)
+    row("a 300-step `train` on 4 nodes until the next can start warm: the interpreter kept (each program a fork) vs "
+        "made again after the run", [k[0] for k in kept], [a[0] for a in again])
+    row("the same, the host's CPU time", [k[1] for k in kept], [a[1] for a in again], unit=" CPU-s",
+        target="< 1", met=statistics.median(k[1] for k in kept) < statistics.median(a[1] for a in again))
+
+
 def machines_base(choice: str) -> str:
     from tflab.plan import config as cfg
 
@@ -672,6 +713,7 @@ STEPS = {
     "links": bench_links,
     "packages": bench_packages,
     "sweep": bench_sweep,
+    "next-run": bench_next_run,
     "cold-start": bench_cold_start,
 }
 
