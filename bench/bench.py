@@ -36,7 +36,7 @@ from conftest import free_port_base  # noqa: E402
 from tflab.engine import compose_lab as lab_ops  # noqa: E402
 from tflab.engine import copying, daemon  # noqa: E402
 from tflab.engine.containers import lab_containers  # noqa: E402
-from tflab.host import labfiles  # noqa: E402
+from tflab.host import hardware, labfiles  # noqa: E402
 from tflab.plan import shares  # noqa: E402
 
 TFLAB = [sys.executable, "-m", "tflab"]
@@ -527,9 +527,11 @@ def bench_sweep(root: Path, repeats: int) -> None:
 
 
 def host_cpu_s() -> float:
-    """The host's CPU time so far, every core (user, nice, system, irq, softirq, steal), in seconds."""
-    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
+    """The host's busy CPU time so far, every core, in seconds."""
+    times = hardware.cpu_times()
+    if times is None:
+        raise RuntimeError("no /proc/stat: the host's CPU time cannot be read")
+    return times[0] / os.sysconf("SC_CLK_TCK")
 
 
 def bench_next_run(root: Path, repeats: int) -> None:
