@@ -633,6 +633,49 @@ def test_a_killed_standby_leaves_no_word_that_the_next_is_ready(verb, standbys, 
         assert verb("warm", env=env) == 1
 
 
+def test_a_record_written_while_a_reader_looks_is_never_removed_by_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`warm`, `probe` and `stop` read pid files while a standby or a program writes its own. A reader that found no
+    file, or a dead process's record, must not remove the record written in the meantime: a fresh clone's unit run
+    saw a standby that was never said ready, its record removed by a `warm` that had looked a moment too early."""
+    from tflab_guard import registry
+
+    monkeypatch.setattr(registry, "STATE", str(tmp_path))
+    path = Path(registry.pid_path("standby"))
+    real_open = open
+
+    def written_just_after_the_look(file, *args, **kw):  # the reader finds no file; the writer's record lands
+        if Path(file) == path and not path.exists():
+            registry.write_pid("standby", os.getpid())
+            raise FileNotFoundError(file)
+        return real_open(file, *args, **kw)
+
+    monkeypatch.setattr(registry, "open", written_just_after_the_look, raising=False)
+    assert registry.read_pid("standby") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(registry, "STATE", str(tmp_path))
+    assert registry.read_pid("standby") == os.getpid(), "the record written meanwhile stays"
+
+    # A dead standby's record, replaced by the next one's between the read and the removal.
+    path.write_text(f"{os.getpid()} 1\n")  # this pid, another start time: a process that has ended
+    real_start_time = registry.start_time
+
+    replaced = []
+
+    def replaced_after_the_read(pid):
+        if not replaced:
+            replaced.append(pid)
+            registry._write_atomically(str(path), f"{os.getpid()} {real_start_time(os.getpid())}\n")  # write_pid's way
+        return real_start_time(pid)
+
+    monkeypatch.setattr(registry, "start_time", replaced_after_the_read)
+    assert registry.read_pid("standby") is None, "what it read was a dead process's"
+    assert path.exists() and registry.read_pid("standby") == os.getpid(), "the new record stays"
+    monkeypatch.setattr(registry, "start_time", real_start_time)
+    path.write_text(f"{os.getpid()} 1\n")
+    assert registry.read_pid("standby") is None and not path.exists(), "a stale record read is removed"
+
+
 @pytest.mark.parametrize("how", ["busy", "asleep"])
 def test_a_standby_still_importing_is_waited_for_while_its_import_moves_and_passed_over_once_it_stalls(
         python: Path, zipapp: Path, env, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:

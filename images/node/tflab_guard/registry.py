@@ -175,16 +175,26 @@ def _live(path):
 
 def _recorded(path):
     """The pid of a `PID STARTTIME` record while a process of that pid and start time exists, else None."""
+    return _record(path)[0]
+
+
+def _record(path):
+    """(the pid of a `PID STARTTIME` record while that very process exists, else None; the file read, by its
+    inode, or None where there was no file)."""
     try:
         with open(path) as handle:
+            inode = os.fstat(handle.fileno()).st_ino
             fields = handle.read().split()
+    except OSError:
+        return None, None
+    try:
         pid, started = int(fields[0]), fields[1] if len(fields) > 1 else None
-    except (OSError, ValueError, IndexError):
-        return None
+    except (ValueError, IndexError):
+        return None, inode
     now = start_time(pid)
     if now is None or (started not in (None, "None") and now != started):
-        return None
-    return pid
+        return None, inode
+    return pid, inode
 
 
 def zombie(pid):
@@ -203,11 +213,17 @@ def wait_gone(pid_of, timeout):
 
 
 def read_pid(key_or_path):
-    """The live process group of a pid file, or None (a stale file is removed)."""
+    """The live process group of a pid file, or None. A stale file is removed: the very file read, never one
+    written since. (A reader that found no file and then removed the one a starting process had just
+    written left a standby that was never said ready, and a program that a stop could not find.)"""
     path = key_or_path if key_or_path.endswith(".pid") else pid_path(key_or_path)
-    pgid = _recorded(path)
-    if pgid is None and os.path.exists(path):
-        unlink(path)
+    pgid, inode = _record(path)
+    if pgid is None and inode is not None:
+        try:  # a record written since replaced the file (a new inode): it stays
+            if os.stat(path).st_ino == inode:
+                os.unlink(path)
+        except OSError:
+            pass
     return pgid
 
 
