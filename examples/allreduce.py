@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import shutil
@@ -99,6 +100,21 @@ def main() -> None:
         shutil.rmtree(writer_dir, ignore_errors=True)
     accuracy = model.accuracy(data["x_test"], data["y_test"])
     print(f"{me}: final loss {loss:.6f} test accuracy {accuracy:.4f}", flush=True)
+    leave_together(strategy, writer)
+
+
+def leave_together(strategy: tf.distribute.Strategy, writer) -> None:
+    """Worker 0 leads TensorFlow's coordination service, so it leaves last. A worker whose heartbeat (every 10 s)
+    finds it gone aborts, and may hang instead of exiting (TensorFlow's own multi-worker tests turn the heartbeat
+    off for this reason; seen here on Slurm: worker0 done, worker2 still there 30 s later). One last all-reduce
+    waits for every worker; then the others leave at once, without the interpreter's slow way out."""
+    done = strategy.run(tf.function(lambda: tf.constant(1.0)))
+    strategy.reduce(tf.distribute.ReduceOp.SUM, done, axis=None)
+    if strategy.cluster_resolver.task_id != 0:
+        writer.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
