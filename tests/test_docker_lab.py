@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import cli
 
+from tflab.engine.containers import lab_containers
 from tflab.host import labfiles
 
 pytestmark = pytest.mark.docker
@@ -69,6 +70,18 @@ def test_four_node_lab_end_to_end(labs, runner, tmp_path: Path) -> None:
             break
         time.sleep(0.5)
     assert len(rows) == 4 and all("running" in r and "healthy" in r for r in rows), status.stdout
+    # Healthy, as checked every 3 s, and no check is in the nodes' logs: one that knocked on sshd's port wrote two
+    # lines ("kex_exchange_identification: Connection closed by remote host", "Connection closed by 127.0.0.1 port
+    # N") into every node's log each time. (`up`'s own knock on each node's published port, from the host, once.)
+    for _ in range(40):  # until the engine has checked every node twice (its last 5 checks are kept)
+        checks = [len(c.attrs["State"]["Health"]["Log"]) for c in lab_containers(labs.client, lf.project).values()]
+        if min(checks) >= 2:
+            break
+        time.sleep(0.5)
+    assert min(checks) >= 2, checks
+    logs = runner.invoke(cli, ["logs", "--lab", str(lab)])
+    assert logs.exit_code == 0 and "Server listening on 0.0.0.0 port 22" in logs.stdout, logs.stdout
+    assert "Connection closed by 127.0.0.1" not in logs.stdout, logs.stdout
 
     # up again: nothing to do; after an edit, only the code is copied again.
     again = runner.invoke(cli, ["up", "--lab", str(lab)])

@@ -52,7 +52,8 @@ SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*
          "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,stat=,args=")
 
 
-HEALTHCHECK = "bash -c exec 3<>/dev/tcp/127.0.0.1/22"  # the node's healthcheck, templates/_node.j2
+# The node's healthcheck (templates/_node.j2) as ps shows it: sshd's listening socket looked up in /proc/net/tcp.
+HEALTHCHECK = "grep -qsE ^ *[0-9]+: [0-9A-F]+:0016 [0-9A-F]+:0000 0A  /proc/net/tcp /proc/net/tcp6"
 
 
 def task_processes(client, project: str) -> dict[str, str]:
@@ -84,7 +85,7 @@ def _task_processes(client, project: str) -> dict[str, str]:
             pid, state, args = (line.split(None, 2) + ["", ""])[:3]
             if state.startswith("Z"):
                 continue  # exited, not yet reaped by its parent: it runs nothing (a standby request that found one)
-            # sshd's own: the daemon, and the child it forks for each connection (the healthcheck's, every 3 s)
+            # sshd's own: the daemon, and the child it forks for each connection (an ssh session's)
             if not args or args.startswith(("/sbin/docker-init", "sshd", "/usr/sbin/sshd", "ps -eo", "sh -c for f in",
                                             "runc init")):
                 continue
@@ -96,7 +97,7 @@ def _task_processes(client, project: str) -> dict[str, str]:
                     {"ended", "delivered"} & set(args.split())):
                 continue  # tflab asking how a process ended, or telling the node it read all its output
             if args == HEALTHCHECK:
-                continue  # the engine's healthcheck (every 3 s), caught while it knocks on sshd's port
+                continue  # the engine's healthcheck (every 3 s), caught while it reads the node's sockets
             rest.append(f"{args} ({pid} {state})" if args.startswith("[") else args)
         if rest:
             left[name] = "; ".join(rest)
