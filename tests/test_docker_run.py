@@ -52,10 +52,6 @@ SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*
          "do [ -f \"$f\" ] && cut -d' ' -f1 \"$f\"; done; echo --; ps -eo pid=,stat=,args=")
 
 
-# The node's healthcheck (templates/_node.j2) as ps shows it: sshd's listening socket looked up in /proc/net/tcp.
-HEALTHCHECK = "grep -qsE ^ *[0-9]+: [0-9A-F]+:0016 [0-9A-F]+:0000 0A  /proc/net/tcp /proc/net/tcp6"
-
-
 def task_processes(client, project: str) -> dict[str, str]:
     """Every node's processes but its own: init, sshd, the standby interpreter, an exec being set up.
 
@@ -96,8 +92,6 @@ def _task_processes(client, project: str) -> dict[str, str]:
             if args.startswith("python3 /usr/local/share/tflab/guard.pyz") and (
                     {"ended", "delivered"} & set(args.split())):
                 continue  # tflab asking how a process ended, or telling the node it read all its output
-            if args == HEALTHCHECK:
-                continue  # the engine's healthcheck (every 3 s), caught while it reads the node's sockets
             rest.append(f"{args} ({pid} {state})" if args.startswith("[") else args)
         if rest:
             left[name] = "; ".join(rest)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from tflab.engine.containers import SSHD_LISTENS
 from tflab.host import labfiles
 from tflab.plan import config as cfg
 from tflab.plan.gpus import Gpu
@@ -116,9 +117,12 @@ def test_the_compose_file_and_the_stack_file_agree_on_every_setting_both_take(tm
     """One node block (templates/_node.j2) in both files: what a node is does not depend on the engine."""
     lf, doc = stack(tmp_path, links=Links(rate="1gbit"), memlock=-1)
     compose = yaml.safe_load(templates.compose_file(lf.lab, lf.config, lf.root, "tflab-node:abc", project="ref"))
-    shared = ("image", "hostname", "init", "working_dir", "healthcheck", "cap_add", "networks")
+    shared = ("image", "hostname", "init", "working_dir", "cap_add", "networks")
     for node in lf.lab.names:
         ours, theirs = compose["services"][node], doc["services"][node]
+        # a swarm's task is ready once the engine's check passes; a compose node is asked by `status` (the same)
+        assert "healthcheck" not in ours
+        assert theirs["healthcheck"]["test"] == ["CMD", *SSHD_LISTENS] and theirs["healthcheck"]["interval"] == "3s"
         for key in shared:
             assert ours[key] == theirs[key], (node, key)
         for label in ("tflab.node", "tflab.role", "tflab.gpus"):

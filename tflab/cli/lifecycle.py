@@ -77,7 +77,7 @@ def up(lab: LabOption = Path(".")) -> None:
     with progress("up") as report, stopping_as_interrupted():
         copied = side.up(report)
     out = console()
-    out.print(views.status_table(lf.lab, side.status(), lf.lab.topology.bind, lf.config.links,
+    out.print(views.status_table(lf.lab, side.status(checked=True), lf.lab.topology.bind, lf.config.links,
                                  swarm=lf.config.target == "swarm"))
     if copied:
         out.print(copied_text(copied, lf.lab.names), soft_wrap=True)
@@ -103,7 +103,7 @@ def status(lab: LabOption = Path(".")) -> None:
     """Each node's state and health, GPUs, ports and links."""
     lf = open_lab(lab)
     side = backend(lf)
-    states = side.status()
+    states = side.status(checked=True)
     out = console()
     out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links,
                                  swarm=lf.config.target == "swarm"))

@@ -42,8 +42,8 @@ class LabBackend(Protocol):
     def down(self) -> tuple[int, int]:
         """Remove everything the lab made on the engine; (nodes, networks) removed."""
 
-    def status(self) -> dict[str, NodeState]:
-        """Every node the engine knows of, by name."""
+    def status(self, checked: bool = False) -> dict[str, NodeState]:
+        """Every node the engine knows of, by name; `checked`: with each running node's health as it is now."""
 
     def executor(self, names: list[str], via: str = "docker") -> Executor:
         """How to run processes in these nodes (each must be running)."""

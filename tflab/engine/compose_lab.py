@@ -24,12 +24,14 @@ from tflab.engine.builds import Progress
 from tflab.engine.containers import (
     lab_containers,
     log_lines,
+    sshd_health,
     state_of,
 )
 from tflab.engine.copying import docker_target
 from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
 from tflab.errors import UserError
 from tflab.host import ports
+from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
 
 def connect_host(bind: str) -> str:
@@ -48,9 +50,15 @@ def check_ports_for_absent(lf: LabFiles, containers: dict) -> None:
     ports.require_free(lf.lab.topology.bind, wanted)
 
 
-def status(lf: LabFiles, client: docker.DockerClient) -> dict[str, NodeState]:
-    """Every node the engine has, by node name."""
-    return {name: NodeState(*state_of(c)) for name, c in lab_containers(client, lf.project).items()}
+def status(lf: LabFiles, client: docker.DockerClient, checked: bool = False) -> dict[str, NodeState]:
+    """Every node the engine has, by node name; `checked`: each running node's health asked now (sshd_health)."""
+    found = lab_containers(client, lf.project)
+    states = {name: NodeState(*state_of(c)) for name, c in found.items()}
+    if checked:
+        running = [name for name, state in states.items() if state.running]
+        for name, health in zip(running, parallel(lambda n: sshd_health(client, found[n]), running)):
+            states[name] = NodeState(states[name].state, health)
+    return states
 
 
 def require_running(found: dict[str, Container], names: list[str]) -> dict[str, Container]:
@@ -106,8 +114,8 @@ class ComposeLab:
     def down(self) -> tuple[int, int]:
         return down(self.lf.project, self.client)
 
-    def status(self) -> dict[str, NodeState]:
-        return status(self.lf, self.client)
+    def status(self, checked: bool = False) -> dict[str, NodeState]:
+        return status(self.lf, self.client, checked)
 
     def ssh_targets(self) -> dict[str, tuple[str, int]]:
         """Where each node's SSH is published (host, port)."""

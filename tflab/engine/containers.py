@@ -23,9 +23,23 @@ def labelled(client: docker.DockerClient, label: str) -> list[Container]:
     return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
 
 
+# Is sshd listening on port 22: a LISTEN line (state 0A, no peer) in the node's own /proc/net/tcp or tcp6. `status`
+# asks each compose node so when it is run; the stack file's healthcheck (templates/_node.j2) asks the same.
+SSHD_LISTENS = ("grep", "-qsE", "^ *[0-9]+: [0-9A-F]+:0016 [0-9A-F]+:0000 0A ", "/proc/net/tcp", "/proc/net/tcp6")
+
+
 def lab_containers(client: docker.DockerClient, project: str) -> dict[str, Container]:
     """The lab's containers by node name, found by the lab's label (running or not)."""
     return {c.labels.get("tflab.node", c.name): c for c in labelled(client, f"tflab.lab={project}")}
+
+
+def sshd_health(client: docker.DockerClient, container: Container) -> str:
+    """`healthy` when the running node's sshd listens now, else `unhealthy` (asked now, not the engine's last check)."""
+    try:
+        code, _ = exec_quiet(client, container, SSHD_LISTENS)
+    except EngineError:
+        return "unhealthy"
+    return "healthy" if code == 0 else "unhealthy"
 
 
 def state_of(container: Container) -> tuple[str, str]:

@@ -254,8 +254,9 @@ class SwarmLab:
 
     # -- the nodes -------------------------------------------------------------------------
 
-    def status(self) -> dict[str, NodeState]:
-        """Each node's task state and the swarm node it runs on; its health where the container is here."""
+    def status(self, checked: bool = False) -> dict[str, NodeState]:
+        """Each node's task state and the swarm node it runs on; its health where the container is here (the
+        engine's own check: a swarm's, every 3 s, is what makes a task ready; `checked` asks nothing more)."""
         states = {}
         local = lab_containers(self.client, self.stack)
         hostnames = {n.id: n.attrs.get("Description", {}).get("Hostname", n.id[:12]) for n in self.client.nodes.list()}
