@@ -169,13 +169,8 @@ def lives(identity):
 
 def _live(path):
     """The pid a `PID STARTTIME` record names while that very process lives (not a recycled pid, not a zombie)."""
-    pid = _recorded(path)
+    pid = _record(path)[0]
     return None if pid is None or zombie(pid) else pid
-
-
-def _recorded(path):
-    """The pid of a `PID STARTTIME` record while a process of that pid and start time exists, else None."""
-    return _record(path)[0]
 
 
 def _record(path):
