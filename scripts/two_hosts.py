@@ -30,6 +30,7 @@ storage stays cached for the next `up` (as the local base image does), unless --
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -104,16 +105,20 @@ def raw_base() -> str:
 
 
 def host_image() -> str:
-    """Host b's image, built once from the raw base (a new raw base, a new image)."""
+    """Host b's image, built once from the raw base (a new raw base, a new image). One build at a time: a second
+    caller (an `up` while `image` builds: scripts/test.sh starts the walk's test beside that build) waits for the
+    first, then finds its image."""
     raw = raw_base()
     tag = f"tflab-host-b:{raw.rsplit(':', 1)[1]}"
-    if sh("docker", "image", "inspect", tag, check=False).returncode == 0:
-        return tag
-    say(f"building {tag} (Debian's docker.io and docker-registry on {raw})")
     context = CACHE / "image"
     context.mkdir(parents=True, exist_ok=True)
-    (context / "Dockerfile").write_text(DOCKERFILE)
-    sh("docker", "build", "-q", "--build-arg", f"RAW={raw}", "-t", tag, str(context), timeout=1800)
+    with (CACHE / "image.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if sh("docker", "image", "inspect", tag, check=False).returncode == 0:
+            return tag
+        say(f"building {tag} (Debian's docker.io and docker-registry on {raw})")
+        (context / "Dockerfile").write_text(DOCKERFILE)
+        sh("docker", "build", "-q", "--build-arg", f"RAW={raw}", "-t", tag, str(context), timeout=1800)
     return tag
 
 
