@@ -203,6 +203,23 @@ def test_a_held_process_starts_on_go_and_passes_its_exit_code(guard, state: Path
     assert Ending.from_json((state / "k:held.exit").read_text()) == Ending(7, None, "exited")
 
 
+def test_a_held_process_told_to_stop_before_go_never_runs(guard, state: Path, tmp_path: Path) -> None:
+    """A `stop` wakes a held wait as `go` does; it must not release the program. (It did: the program was started
+    and then stopped at once, and a `touch` got its file in about 12 of 20 tries here: five tries, not one.)"""
+    for attempt in range(5):
+        marker = tmp_path / f"ran-{attempt}"
+        key = f"k:held-{attempt}"
+        child = guard("run", key, "--wait-for-go", "--shell", f"touch {marker}")
+        assert wait_for(lambda: (state / f"{key}.guard").exists())
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        assert child.wait(timeout=10) == 143
+        child.stdin.close()
+        assert Ending.from_json((state / f"{key}.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
+        time.sleep(0.2)  # a started `touch` would have made its file by now
+        assert not marker.exists(), f"try {attempt + 1}: a held program told to stop ran"
+
+
 def test_a_line_that_sets_variables_runs_as_a_shell_would_run_it(guard) -> None:
     child = guard("run", "k:env", "--shell", "GREETING=hello TF_CPP_MIN_LOG_LEVEL=0 printenv GREETING TF_CPP_MIN_LOG_LEVEL")
     assert released(child) == "hello\n0\n" and child.returncode == 0

@@ -242,15 +242,14 @@ def run(args):
         program = Cold(plan, env, out, err, preload=args.preload and python_program and not told_to_stop())
     if program.pgid() is not None:
         registry.write_pid(key, program.pgid())
-    released = not args.wait_for_go
-    stop_first = told_to_stop()  # told while it waited for the standby: the program never starts
-    if args.wait_for_go or stop_first:
-        while not connection.released.is_set():
-            if stop_first or told_to_stop():
-                stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else "lease")
-                break
+    # Held until `go`; told to stop first (while it waited for the standby, or was held), it never starts. A
+    # `stop` wakes a held wait as `go` does (it sets both): what releases a program is a `go` with no stop.
+    if args.wait_for_go:
+        while not connection.released.is_set() and not told_to_stop():
             connection.released.wait(HELD_POLL_S)
-        released = connection.released.is_set() and stopper.why is None
+    if told_to_stop():
+        stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else "lease")
+    released = stopper.why is None
     if released:
         registry.write_pid(key, program.release())
         while program.running():
