@@ -111,9 +111,12 @@ echo "test: the unit tests took $unit_s s"
 if [ "$code" -ne 0 ]; then  # the first failure stops the suite: the swarm tests and the build end as at a Ctrl-C
     for build in $builds; do pkill -TERM -P "$build" 2>/dev/null; done
     # told until it has ended, as stop() tells a lane: a tflab inside one of its tests may take the first
-    [ -n "$swarm_lane" ] && while kill -TERM "$swarm_lane" 2>/dev/null; do sleep 3; done
+    if [ -n "$swarm_lane" ]; then
+        while kill -TERM "$swarm_lane" 2>/dev/null; do sleep 3; done
+        wait
+        echo "test: the swarm tests, stopped at the unit tests' failure:"; tail -n 15 "$work/swarm.log"
+    fi
     wait
-    echo "test: the swarm tests, stopped at the unit tests' failure:"; tail -n 15 "$work/swarm.log"
     exit "$code"
 fi
 if [ -n "$swarm_lane" ]; then
