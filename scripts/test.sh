@@ -2,7 +2,7 @@
 # The whole test suite, in three steps:
 #  1. the unit tests (no engine needed; the first failure stops them), while the images every
 #     Docker test starts from are built; once they are, the swarm tests (a one-node swarm, a second
-#     engine) run beside the unit tests, while the Slurm cluster's image is built. No lab of another
+#     engine) run beside the unit tests, while host b's and the Slurm cluster's images are built. No lab of another
 #     test runs then: this engine's `docker swarm leave` takes the names away from every running compose
 #     lab's network (moby/moby#45144: a run there then waits for ever on a name), and Docker 29's
 #     `swarm init` does too (moby/moby#51491);
@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 
 work=$(mktemp -d -t tflab-test.XXXXXX)
 builds="" lane_pid="" swarm_lane=""
-stop() {  # Ctrl-C, SIGTERM (CI's cancel): each lane ends as at a Ctrl-C, tearing its labs down
-    trap '' INT TERM HUP
+declare -A build_pid
+end_all() {  # every build stopped and each running lane ended as at a Ctrl-C, tearing its labs down
     for build in $builds; do pkill -TERM -P "$build" 2>/dev/null; done
     # A lane takes its first SIGTERM as a Ctrl-C and lets the rest pass; a tflab running inside one of its
     # tests may take that first one as its own Ctrl-C: each running lane is told again until it has ended.
@@ -34,6 +34,10 @@ stop() {  # Ctrl-C, SIGTERM (CI's cancel): each lane ends as at a Ctrl-C, tearin
             echo "test: the last lines of the $log lane:"; tail -n 15 "$work/$log.log"
         fi
     done
+}
+stop() {  # Ctrl-C, SIGTERM (CI's cancel)
+    trap '' INT TERM HUP
+    end_all
     echo "test: interrupted (every lane has torn down its labs)"
     exit 130
 }
@@ -59,10 +63,10 @@ build() {  # build NAME COMMANDS...: in the background, its output in $work/NAME
     local name=$1; shift
     ( set -e; "$@"; echo "($((SECONDS - began)) s since the start)" ) >"$work/$name.log" 2>&1 &
     builds="$builds $!"
-    eval "${name}_pid=$!"
+    build_pid[$name]=$!
 }
 built() {  # wait for a build (never left half done), and say how it went
-    local name=$1 pid; pid=$(eval "echo \$${name}_pid")
+    local name=$1 pid=${build_pid[$1]}
     builds=$(echo " $builds " | sed "s/ $pid / /")
     if wait "$pid"; then
         echo "test: $2:"; tail -n "$3" "$work/$name.log"
@@ -73,9 +77,9 @@ built() {  # wait for a build (never left half done), and say how it went
 }
 
 # The images every Docker test starts from (the local base, the node image on it) are built while the
-# unit tests run: a build waits mostly on the
-# network and the disk, the unit tests use about a quarter of two cores (88 CPU-s in 175 s here). A
-# build that fails here is built again, and its failure shown, by the Docker tests' own fixture.
+# unit tests run: a build waits mostly on the network and the disk, the unit tests use about a quarter
+# of two cores (88 CPU-s in 175 s here). A build that fails here is built again, and its failure shown,
+# by the Docker tests' own fixture.
 # The base is built with a secret in its pip settings (tests/suite_base.py), which test_docker_secrets looks
 # for in it: the suite builds one base, not two.
 export TFLAB_TESTS_BASE_RECORD="$work/base.json"
@@ -108,15 +112,8 @@ build hostb .venv/bin/python scripts/two_hosts.py image
 build slurm .venv/bin/python scripts/slurm_cluster.py image --image tflab-base:cpu
 finish "$unit"; code=$?; unit_s=$((SECONDS - began))
 echo "test: the unit tests took $unit_s s"
-if [ "$code" -ne 0 ]; then  # the first failure stops the suite: the swarm tests and the build end as at a Ctrl-C
-    for build in $builds; do pkill -TERM -P "$build" 2>/dev/null; done
-    # told until it has ended, as stop() tells a lane: a tflab inside one of its tests may take the first
-    if [ -n "$swarm_lane" ]; then
-        while kill -TERM "$swarm_lane" 2>/dev/null; do sleep 3; done
-        wait
-        echo "test: the swarm tests, stopped at the unit tests' failure:"; tail -n 15 "$work/swarm.log"
-    fi
-    wait
+if [ "$code" -ne 0 ]; then  # the first failure stops the suite: the swarm tests and the builds as at a Ctrl-C
+    end_all
     exit "$code"
 fi
 if [ -n "$swarm_lane" ]; then
