@@ -87,7 +87,20 @@ def test_memory_near_a_limit_comes_first() -> None:
 def test_nothing_at_a_limit_says_so() -> None:
     found = find(series({"ps0": 0.3, "worker0": 0.5, "worker1": 0.5, "worker2": 0.5}), shape())
     assert found.kind == "none" and found.evidence.startswith("the busiest node, worker0, used 50% of its 0.5 CPU")
-    assert find(Series(), shape()) == Limit("none", "too few figures of the training to tell")
+    assert find(Series(), shape()) == Limit("none", "too few figures of the training to tell "
+                                                    "(0 snapshots from its first step to its end)")
+    short = series({"ps0": 0.3}, samples=2)
+    assert find(short, shape()).evidence == "too few figures of the training to tell (2 snapshots from its first " \
+                                            "step to its end)"
+
+
+def test_nodes_without_shares_on_a_host_with_room_name_the_busiest_and_the_hosts_room() -> None:
+    """Not 'too few figures': the figures are there, and say the host was not the limit."""
+    busy = {"ps0": 0.1, "worker0": 0.45, "worker1": 0.4, "worker2": 0.4}
+    found = find(series(busy, host=0.6, owned=2.0), shape(None))
+    assert found == Limit("none", "the busiest node, worker0, used 45% of the host's CPUs; the host's 2 CPUs had "
+                                  "room (at least 90% busy in 0% of the training); no link or memory near its limit: "
+                                  "the program's own waits set the pace")
 
 
 def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> None:

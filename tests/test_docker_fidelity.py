@@ -15,6 +15,8 @@ import pytest
 from conftest import REPO, cli
 from test_docker_run import add_tasks
 
+from tflab.host import labfiles
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
 PROGRAMS = REPO / "tests" / "programs"
 SHORT = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
@@ -80,11 +82,13 @@ def test_a_starved_parameter_server_is_the_limit_and_the_host_is_not_blamed(labs
 
 def test_busy_nodes_without_shares_on_a_smaller_host_blame_the_host(labs, runner) -> None:
     lab = labs.gen("--cpus-per-node", "0", nodes=4, code=PROGRAMS)
-    add_tasks(lab, {"burn": "python /workspace/burn.py {job_name} 10"})
+    # the host smaller than the four nodes' work, whatever its CPUs: each node burns one more than its quarter
+    each = len(labfiles.open_lab(lab).config.host.cpus) // 4 + 1
+    add_tasks(lab, {"burn": f"python /workspace/burn.py {{job_name}} 10 {each}"})
     up(runner, lab)
     text = run(runner, lab, "burn")
     limit = limit_of(lab, "burn")
-    assert limit["kind"] == "host", limit
+    assert limit["kind"] == "host", (limit, json.loads((lab / "runs" / "burn" / "run.json").read_text())["cluster"])
     assert "ps0, worker0, worker1, worker2 have no CPU share of their own" in limit["evidence"], limit
     assert "what limited this run: host: the host's" in text
 

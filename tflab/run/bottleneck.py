@@ -144,17 +144,37 @@ def find(series: Series, shape: Shape) -> Limit:
     cpu = _cpu(busy, shape, owned, held)
     if cpu is not None:
         return cpu
-    if busy:
-        top = max(busy, key=lambda n: busy[n])
-        return Limit("none", f"the busiest node, {top}, used {busy[top]:.0%} of its {_cpus(owned.get(top))}; "
-                             "no link or memory near its limit: the program's own waits set the pace")
-    return Limit("none", "too few figures of the training to tell")
+    return _nothing(series, shape, owned)
+
+
+def _nothing(series: Series, shape: Shape, owned: Mapping[str, float | None]) -> Limit:
+    """No limit: the busiest node, and where nodes share the host's CPUs, how busy the host was."""
+    seen = {n: _mean(v) for n, v in series.cpu_share.items() if len(v) >= MIN_SAMPLES}
+    if not seen:
+        count = len(series.host_busy)
+        return Limit("none", f"too few figures of the training to tell ({count} snapshot{'' if count == 1 else 's'} "
+                             "from its first step to its end)")
+    top = max(seen, key=lambda n: seen[n])
+    mine = "the host's CPUs" if shape.cpus.get(top) is None and owned.get(top) in (None, float(shape.host_cpus)) \
+        else f"its {_cpus(owned.get(top))}"
+    unset = [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
+    room = ""
+    if unset and len(series.host_busy) >= MIN_SAMPLES:
+        room = (f"; the host's {shape.host_cpus} CPUs had room (at least {SATURATED:.0%} busy in "
+                f"{_saturated(series):.0%} of the training)")
+    return Limit("none", f"the busiest node, {top}, used {seen[top]:.0%} of {mine}{room}; "
+                         "no link or memory near its limit: the program's own waits set the pace")
+
+
+def _saturated(series: Series) -> float:
+    """The share of the training's snapshots in which the host's CPUs were saturated."""
+    return sum(b >= SATURATED for b in series.host_busy) / len(series.host_busy)
 
 
 def _host(series: Series, shape: Shape) -> Limit | None:
     if len(series.host_busy) < MIN_SAMPLES:
         return None
-    saturated = sum(b >= SATURATED for b in series.host_busy) / len(series.host_busy)
+    saturated = _saturated(series)
     if saturated <= MOST:
         return None
     unset = [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
