@@ -1,4 +1,5 @@
-"""The N slowest tests over pytest's JUnit reports (scripts/test.sh runs the suite in lanes, one report each).
+"""The N slowest tests over pytest's JUnit reports (scripts/test.sh runs the suite in lanes, one report each),
+then when each lane ran and the CPUs it ran on (CI shows a run's last lines: where its time went).
 
     python scripts/slowest.py 15 unit.xml training.xml waits.xml alone.xml
 
@@ -12,8 +13,10 @@ host's two cores with the other lane.
 
 from __future__ import annotations
 
+import os
 import sys
 import xml.etree.ElementTree as ET
+from datetime import datetime
 from pathlib import Path
 
 
@@ -35,6 +38,34 @@ def node_id(classname: str, name: str) -> str:
     return "::".join(["/".join(parts[:module + 1]) + ".py", *parts[module + 1:], name])
 
 
+def span(report: Path) -> tuple[datetime, float] | None:
+    """When a lane's pytest began and how long it ran (its report's testsuite), where the report says."""
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    if suite is None or not suite.get("timestamp"):
+        return None
+    try:
+        return datetime.fromisoformat(suite.get("timestamp", "")), float(suite.get("time", 0))
+    except ValueError:
+        return None
+
+
+def cpus() -> str:
+    """The CPUs the suite ran on: online, this process's, and a CPU quota over it (cgroup v2 or v1)."""
+    said = f"{os.cpu_count()} online, {len(os.sched_getaffinity(0))} for this process"
+    for path, period in (("/sys/fs/cgroup/cpu.max", None), ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+                                                            "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            fields = Path(path).read_text().split()
+            quota, every = fields[0], (fields[1] if period is None else Path(period).read_text().strip())
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1"):
+            said += f", a quota of {int(quota) / int(every):g}"
+        break
+    return said
+
+
 def main(argv: list[str]) -> int:
     count, reports = int(argv[0]), [Path(a) for a in argv[1:]]
     rows = [(seconds, name, report.stem, cpu) for report in reports if report.is_file()
@@ -46,6 +77,13 @@ def main(argv: list[str]) -> int:
     for seconds, name, lane, cpu in sorted(rows, key=lambda row: row[0], reverse=True)[:count]:
         used = f"{cpu:7.1f}s cpu" if cpu is not None else " " * 11
         print(f"{seconds:8.1f}s {used}  {lane:<8} {name}")
+    spans = {report.stem: found for report in reports if report.is_file() and (found := span(report))}
+    if spans:
+        first = min(start for start, _ in spans.values())
+        print(f"test: the lanes, in seconds from the first one's start (CPUs: {cpus()}):")
+        for lane, (start, seconds) in sorted(spans.items(), key=lambda item: item[1][0]):
+            begun = (start - first).total_seconds()
+            print(f"{lane:>10} {begun:6.0f} to {begun + seconds:6.0f} ({seconds:.0f} s)")
     return 0
 
 

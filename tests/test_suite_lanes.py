@@ -3,6 +3,7 @@ and the list of the slowest tests is read from every lane's report."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -102,6 +103,25 @@ def test_the_slowest_tests_are_listed_over_every_lane_with_the_lane_each_ran_in(
         "     6.0s     9.5s cpu  beside   tests/test_docker_lab.py::test_two_labs",
     ]
 
+
+
+def test_the_lanes_are_shown_as_they_ran_from_the_first_ones_start(tmp_path: Path) -> None:
+    """CI shows a run's last lines: they say when each lane ran, and on how many CPUs."""
+    def lane(name: str, start: str, seconds: float) -> Path:
+        path = report(tmp_path / f"{name}.xml", [("tests.test_docker_run", f"test_{name}", seconds)])
+        path.write_text(path.read_text().replace('<testsuite name="pytest"',
+                                                 f'<testsuite name="pytest" time="{seconds}" timestamp="{start}"'))
+        return path
+
+    reports = [lane("unit", "2026-11-29T07:00:05.5+00:00", 219.4), lane("swarm", "2026-11-29T07:03:52+00:00", 465.0),
+               lane("alone", "2026-11-29T07:30:00+00:00", 425.4)]
+    shown = subprocess.run([sys.executable, str(REPO / "scripts" / "slowest.py"), "1", *map(str, reports)],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert shown[2].startswith("test: the lanes, in seconds from the first one's start (CPUs: ")
+    assert f"{os.cpu_count()} online" in shown[2], shown
+    assert shown[3:] == ["      unit      0 to    219 (219 s)",
+                         "     swarm    226 to    692 (465 s)",
+                         "     alone   1794 to   2220 (425 s)"]
 
 BURNER = '''
 import time
