@@ -175,6 +175,7 @@ def test_ps_in_a_node_shows_the_training_programs_own_command_line(long_lab: Pat
     assert gone_within(docker_client, lf.project, 10) == {}
 
 
+@pytest.mark.waits  # mostly waits (on the guard's tests in a pytest of their own)
 def test_the_guards_own_tests_beside_a_training_lab_leave_it_alone(long_lab: Path) -> None:
     """Issue 35: the guard's unit tests, run on the host while a lab trained, failed the run with exit 137
     (a stop matched guards by their argv in the host's /proc, the lab's included)."""
