@@ -103,6 +103,41 @@ def test_nodes_without_shares_on_a_host_with_room_name_the_busiest_and_the_hosts
                                   "the program's own waits set the pace")
 
 
+def waiting(series_: Series, share: float) -> Series:
+    """The same figures, with some task waiting for a CPU `share` of each interval (the kernel's CPU pressure)."""
+    series_.host_waiting = [share] * len(series_.host_busy)
+    return series_
+
+
+def test_tasks_waiting_on_an_idle_looking_host_blame_it_where_no_node_has_a_quota() -> None:
+    """A CPU quota or cpuset above tflab (a container's, a CI runner's) leaves the host's CPUs idle while the lab's
+    tasks wait: the kernel's CPU pressure says so. Half of four CPUs busy, tasks waiting 80% of the time."""
+    busy = {"ps0": 0.5, "worker0": 0.5, "worker1": 0.5, "worker2": 0.5}
+    found = find(waiting(series(busy, host=0.5, owned=4.0), 0.8), shape(None, host_cpus=4))
+    assert found == Limit("host", "some task waited for a CPU 50% of the time or more (or the CPUs were saturated) in "
+                                  "100% of the training, while the host's 4 CPUs were 50% busy on average: something "
+                                  "above tflab (a CPU quota or cpuset) gives the lab fewer CPUs than the host has, and "
+                                  "ps0, worker0, worker1, worker2 have no CPU share of their own: its steps/s are this "
+                                  "host's, not a cluster's of this shape")
+    assert find(waiting(series(busy, host=0.5, owned=4.0), 0.3), shape(None, host_cpus=4)).kind == "none", \
+        "tasks waiting 30% of the time: the host had room enough"
+    # Nodes with quotas wait on their own quotas: a wait then says nothing of the host.
+    shared = find(waiting(series({"ps0": 0.96, "worker0": 0.4, "worker1": 0.42, "worker2": 0.38}, host=0.5), 0.8),
+                  shape())
+    assert shared.kind == "ps-cpu", shared
+
+
+def test_the_kernels_cpu_pressure_is_read_as_seconds_some_task_waited(tmp_path) -> None:
+    from tflab.host import hardware
+
+    pressure = tmp_path / "cpu"
+    pressure.write_text("some avg10=0.18 avg60=12.86 avg300=9.79 total=44827671\n"
+                        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")  # as this machine's kernel writes it
+    assert hardware.cpu_pressure(pressure) == 44.827671
+    assert hardware.cpu_pressure(tmp_path / "none") is None, "a kernel without pressure stall information"
+    pressure.write_text("some avg10=0.18\n")
+    assert hardware.cpu_pressure(pressure) is None
+
 def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> None:
     """run/cluster.py: snapshots before the first step (imports) are not the design's; after it they are."""
     from tflab.engine.metrics import Snapshot
@@ -131,3 +166,31 @@ def test_a_run_watch_counts_only_the_training_and_names_its_limit(tmp_path) -> N
     for t in range(5, 10):
         watch._snapshot(snap(float(t), 0.97))
     assert watch.stop() == Limit("ps-cpu", "ps0 at 97% of its 0.5 CPU; workers at 20% of theirs")
+
+
+def test_the_sampler_gives_each_snapshot_the_share_of_its_interval_some_task_waited(monkeypatch) -> None:
+    """engine/metrics.py: the pressure's total grows 0.75 s a second here, the host's CPUs look half busy."""
+    import threading
+    import time
+
+    from tflab.engine.metrics import ClusterSampler
+    from tflab.host import hardware
+
+    jiffies = iter(range(0, 10**6, 100))
+    monkeypatch.setattr(hardware, "cpu_times", lambda: (next(jiffies) / 2, next(jiffies)))
+    monkeypatch.setattr(hardware, "cpu_pressure", lambda: time.monotonic() * 0.75)
+    seen, enough = [], threading.Event()
+
+    def on_snapshot(snap) -> None:
+        seen.append(snap)
+        if len(seen) >= 4:
+            enough.set()
+
+    sampler = ClusterSampler(executor=None, nodes=[], host_cpus=2, every_s=0.05, on_snapshot=on_snapshot).start()
+    try:
+        assert enough.wait(10)
+    finally:
+        sampler.close()
+    assert seen[0].host_waiting is None, "one reading gives no interval"
+    assert all(s.host_waiting == pytest.approx(0.75, abs=0.01) for s in seen[1:4]), [s.host_waiting for s in seen]
+    assert all(s.host_busy == pytest.approx(0.5, abs=0.01) for s in seen[1:4]), [s.host_busy for s in seen]

@@ -91,7 +91,7 @@ def test_busy_nodes_without_shares_on_a_smaller_host_blame_the_host(labs, runner
     limit = limit_of(lab, "burn")
     assert limit["kind"] == "host", (limit, json.loads((lab / "runs" / "burn" / "run.json").read_text())["cluster"])
     assert "ps0, worker0, worker1, worker2 have no CPU share of their own" in limit["evidence"], limit
-    assert "what limited this run: host: the host's" in text
+    assert "what limited this run: host: " in text
 
 
 def test_one_starved_worker_of_an_allreduce_run_is_named_the_straggler(labs, runner) -> None:

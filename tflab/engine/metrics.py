@@ -3,7 +3,8 @@
 Every node runs the guard's `metrics` (its cgroup's files and /proc/net/dev, a JSON line a
 second, and nvidia-smi where it has GPUs); `ClusterSampler` keeps each node's last two samples
 and makes them figures: CPU used of what it owns, throttling, memory of its limit, network
-Mbit/s, each GPU's use. The host's own CPU is read here (/proc/stat) beside them.
+Mbit/s, each GPU's use. The host's own CPU is read here beside them: how busy (/proc/stat), and how
+often a task waited for a CPU (/proc/pressure/cpu).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class Snapshot:
     t: float
     nodes: dict[str, NodeFigures] = field(default_factory=dict)
     host_busy: float | None = None
+    host_waiting: float | None = None  # the share of the interval in which some task waited for a CPU
 
 
 class ClusterSampler:
@@ -148,6 +150,8 @@ class ClusterSampler:
         self.stopped = threading.Event()
         self.host: tuple[float, float] | None = None
         self.host_share: float | None = None
+        self.pressure: tuple[float, float] | None = None  # (monotonic time, seconds some task waited so far)
+        self.host_waiting: float | None = None
 
     def start(self) -> ClusterSampler:
         for node in self.nodes:
@@ -188,6 +192,12 @@ class ClusterSampler:
                 if self.host is not None:
                     self.host_share = host_busy(self.host, times)
                 self.host = times
+            waited = hardware.cpu_pressure()
+            if waited is not None:
+                now = (time.monotonic(), waited)
+                if self.pressure is not None and now[0] > self.pressure[0]:
+                    self.host_waiting = max(0.0, min(1.0, (now[1] - self.pressure[1]) / (now[0] - self.pressure[0])))
+                self.pressure = now
             if self.on_snapshot is not None:
                 try:
                     self.on_snapshot(self.snapshot())
@@ -196,7 +206,7 @@ class ClusterSampler:
 
     def snapshot(self) -> Snapshot:
         with self.lock:
-            return Snapshot(time.time(), dict(self.latest), self.host_share)
+            return Snapshot(time.time(), dict(self.latest), self.host_share, self.host_waiting)
 
     def wait_for_figures(self, timeout_s: float) -> Snapshot:
         """Once every node has figures (two samples), or the timeout passed."""

@@ -108,6 +108,17 @@ def cpu_times(path: Path = Path("/proc/stat")) -> tuple[float, float] | None:
     return total - idle, total
 
 
+def cpu_pressure(path: Path = Path("/proc/pressure/cpu")) -> float | None:
+    """Seconds in which some runnable task waited for a CPU, so far (the kernel's CPU pressure, its `some`
+    total); None where the kernel keeps none. It counts what no busy share shows: tasks held back by a CPU
+    quota or a cpuset above tflab (a container's, a CI runner's), which leave the host's CPUs idle."""
+    for line in (_read(path) or "").splitlines():
+        if line.startswith("some "):
+            total = next((f[6:] for f in line.split() if f.startswith("total=")), "")
+            return int(total) / 1e6 if total.isdigit() else None
+    return None
+
+
 def memlock_limit() -> int:
     """The most locked memory a container may get here: unlimited (-1) where the host allows it."""
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]

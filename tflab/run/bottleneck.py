@@ -6,7 +6,9 @@ nodes' shares oversubscribe it or are unset (then the steps/s are this host's, n
 the fidelity warning of network emulators such as Mininet-HiFi). The kinds:
 
 - `memory`: a node's memory reached its limit;
-- `host`: the host's CPUs saturated, the nodes' shares oversubscribing it (or unset);
+- `host`: the host's CPUs saturated, the nodes' shares oversubscribing it (or unset); where no node
+  has a share, also tasks waiting for a CPU while the host's CPUs look idle (the kernel's CPU
+  pressure: a quota or cpuset above tflab gives the lab fewer CPUs than the host has);
 - `link`: a node's traffic near its link's rate;
 - `ps-cpu`: a parameter server busy at its CPU share, the workers less so;
 - `worker-cpu`: workers at their share (one alone at it: the straggler);
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SATURATED = 0.90  # the host's CPUs this busy...
+WAITING = 0.50  # ...or, where no node has a CPU quota of its own, some task waiting for a CPU this share of the time...
 MOST = 0.50  # ...for more than this share of the training
 AT_SHARE = 0.85  # a node using this much of the CPUs it owns, on average, is at its share...
 THROTTLED = 0.30  # ...as is one its quota held back in this share of its scheduling periods
@@ -56,6 +59,7 @@ class Series:
     """A run's figures over its training: the host's CPU, and each node's CPU share, memory and traffic."""
 
     host_busy: list[float] = field(default_factory=list)
+    host_waiting: list[float | None] = field(default_factory=list)  # beside each host_busy: some task waiting
     cpu_share: dict[str, list[float]] = field(default_factory=dict)
     memory_share: dict[str, list[float]] = field(default_factory=dict)
     memory_limit_mb: dict[str, float] = field(default_factory=dict)
@@ -64,10 +68,12 @@ class Series:
     owned: dict[str, float] = field(default_factory=dict)  # the CPUs each node owned, as its cgroup said last
     throttled: dict[str, list[float]] = field(default_factory=dict)  # share of its quota periods held back
 
-    def add(self, host_busy: float | None, nodes: Sequence[Any]) -> None:
-        """One snapshot: the host's busy share and each node's figures (engine.metrics.NodeFigures)."""
+    def add(self, host_busy: float | None, nodes: Sequence[Any], host_waiting: float | None = None) -> None:
+        """One snapshot: the host's busy share, each node's figures (engine.metrics.NodeFigures), and the share
+        of the interval in which some task waited for a CPU (None where the kernel does not say)."""
         if host_busy is not None:
             self.host_busy.append(host_busy)
+            self.host_waiting.append(host_waiting)
         for figures in nodes:
             if figures.cpu_share is not None:
                 self.cpu_share.setdefault(figures.node, []).append(figures.cpu_share)
@@ -171,11 +177,22 @@ def _saturated(series: Series) -> float:
     return sum(b >= SATURATED for b in series.host_busy) / len(series.host_busy)
 
 
+def _pressed(series: Series) -> float:
+    """The share of the training's snapshots in which the host's CPUs were saturated or some task waited for
+    one: where no node has a quota of its own, a wait is the host's (a quota or cpuset above the lab)."""
+    waiting = series.host_waiting + [None] * (len(series.host_busy) - len(series.host_waiting))
+    return sum(b >= SATURATED or (w is not None and w >= WAITING)
+               for b, w in zip(series.host_busy, waiting)) / len(series.host_busy)
+
+
 def _host(series: Series, shape: Shape) -> Limit | None:
     if len(series.host_busy) < MIN_SAMPLES:
         return None
     saturated = _saturated(series)
-    if saturated <= MOST:
+    # A node's own quota makes its tasks wait too: the wait tells of the host only where no node has one.
+    quotaless = all(shape.cpus.get(n) is None for n in shape.cpus)
+    pressed = _pressed(series) if quotaless else saturated
+    if max(saturated, pressed) <= MOST:
         return None
     unset = [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
     owned = sum(c for c in shape.cpus.values() if c is not None)
@@ -185,8 +202,14 @@ def _host(series: Series, shape: Shape) -> Limit | None:
         why = f"the nodes' shares add up to {owned:g} CPUs of its {shape.host_cpus}"
     else:
         return None  # the shares fit the host: a node busy at its share is the design's limit
-    return Limit("host", f"the host's {shape.host_cpus} CPUs were at least {SATURATED:.0%} busy in {saturated:.0%} "
-                         f"of the training, and {why}: its steps/s are this host's, not a cluster's of this shape")
+    cpus = f"the host's {shape.host_cpus} CPUs"
+    if saturated > MOST:
+        seen = f"{cpus} were at least {SATURATED:.0%} busy in {saturated:.0%} of the training"
+    else:
+        seen = (f"some task waited for a CPU {WAITING:.0%} of the time or more (or the CPUs were saturated) in "
+                f"{pressed:.0%} of the training, while {cpus} were {_mean(series.host_busy):.0%} busy on average: "
+                "something above tflab (a CPU quota or cpuset) gives the lab fewer CPUs than the host has")
+    return Limit("host", f"{seen}, and {why}: its steps/s are this host's, not a cluster's of this shape")
 
 
 def _link(series: Series, shape: Shape) -> Limit | None:

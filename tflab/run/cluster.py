@@ -63,7 +63,7 @@ class ClusterWatch:
         with self.lock:
             self.began = self.began or snap.t
             if self._training():
-                self.series.add(snap.host_busy, list(snap.nodes.values()))
+                self.series.add(snap.host_busy, list(snap.nodes.values()), snap.host_waiting)
             if not self.board:
                 return
             second = int(round(snap.t - self.began))
@@ -85,9 +85,10 @@ class ClusterWatch:
                 for tag, value in scalars.items():
                     if value is not None:
                         writer.add_scalar(tag, value, global_step=second, walltime=snap.t)
-            if snap.host_busy is not None:
-                self._writer("host").add_scalar("cluster/host_cpu_busy", snap.host_busy, global_step=second,
-                                                walltime=snap.t)
+            for tag, value in (("cluster/host_cpu_busy", snap.host_busy),
+                               ("cluster/host_cpu_waiting", snap.host_waiting)):
+                if value is not None:
+                    self._writer("host").add_scalar(tag, value, global_step=second, walltime=snap.t)
 
     def _training(self) -> bool:
         """Whether the training runs: a worker has made progress, and the run has not ended."""
