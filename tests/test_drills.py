@@ -101,6 +101,16 @@ def test_a_fault_hits_at_its_step_once() -> None:
     assert row["during"]["worker1"] == [104, 104]
 
 
+def test_a_kill_whose_injector_returns_late_is_said_and_kept_at_the_step_it_fell_due() -> None:
+    """A loaded host: the kill was due (and done) at step 75, its `docker exec` returned at step 550."""
+    machine = started(ps_plan("kill worker1 at step 75", expect="survive"))
+    assert feed(machine, [Printed("worker0", 6.0, 75)]) == [Inject(0)]
+    feed(machine, [Printed("worker0", 9.0, 300), Printed("worker2", 18.0, 550)])
+    said = feed(machine, [Injected(0, 19.5, "killed worker1 (its machine)", began=6.0)])
+    assert Say("drill: killed worker1 (its machine) at step 75 (planned at step 75)") in said
+    row = machine.drills.rows(0.0)[0]
+    assert (row["hit_s"], row["hit_step"], row["during"]["worker0"]) == (6.0, 75, [75, 75])
+
 def test_a_fault_at_a_time_counts_from_the_release() -> None:
     machine = started(ps_plan("cut ps0 at 30s for 10s"))
     assert feed(machine, [Tick(34.0)]) == []

@@ -28,7 +28,8 @@ def test_a_fault_is_due_once_at_its_step_or_its_time_from_the_release() -> None:
 
 def test_a_lasting_fault_is_healed_after_its_time_and_notes_the_steps_made_meanwhile() -> None:
     course = drills("pause worker2 at step 100 for 15s")
-    course.hit(0, 10.0, 104, {"worker0": 90, "worker1": 104, "worker2": None}, "paused worker2", None)
+    assert course.due(10.0, 2.0, 104, {"worker0": 90, "worker1": 104, "worker2": None}) == [0]
+    course.hit(0, 10.0, 10.3, "paused worker2", None)
     assert course.heal_due(24.9) == []
     assert course.heal_due(25.0) == [0]
     course.note_steps({"worker0": 500, "worker1": 480, "worker2": 0})
@@ -42,25 +43,42 @@ def test_a_lasting_fault_is_healed_after_its_time_and_notes_the_steps_made_meanw
                    "during": {"worker0": [90, 520], "worker1": [104, 490]}}
 
 
+def test_a_fault_hits_when_the_injector_begins_at_the_steps_it_fell_due_at_however_long_the_injector_takes() -> None:
+    """A fresh clone's loaded run: a kill due at step 75 took effect at once, its `docker exec` returned at step
+    550; the drill said it hit at step 550. What fell due is what hit: the step, each worker's, and the time."""
+    course = drills("kill worker1 at step 75")
+    assert course.due(6.0, 2.0, 75, {"worker0": 75, "worker1": 70, "worker2": 72}) == [0]
+    course.note_steps({"worker0": 550, "worker1": 70, "worker2": 548})  # what the steps do while the injector works
+    course.hit(0, 6.0, 19.5, "killed worker1 (its machine)", None)
+    row = course.rows(2.0)[0]
+    assert (row["hit_s"], row["hit_step"], row["during"]) == (4.0, 75, {"worker0": [75, 75], "worker1": [70, 70],
+                                                                       "worker2": [72, 72]})
+    assert course.names() == "kill worker1 at step 75 (planned at step 75)"
+    assert course.stalled(19.5 + 60.0, None) is None, "a stall is counted from when the injector was done"
+    assert course.stalled(19.6 + 60.0, None) is course.states[0]
+
 def test_a_nodes_end_belongs_to_the_fault_that_downed_it_until_it_is_back_and_to_the_last_one_after() -> None:
     course = drills("kill worker1 at step 50 then restart", "restart worker1 at step 400", "pause worker2 at 5s")
     assert course.downed("worker1") is None and course.last_on("worker1") is None
-    course.hit(0, 6.0, 52, {}, "killed worker1", None)
+    assert course.due(6.0, 2.0, 52) == [0]
+    course.hit(0, 6.0, 6.1, "killed worker1", None)
     assert course.downed("worker1") is course.states[0]
     assert course.downed("worker2") is None
     course.back("worker1", 9.0)
     assert course.downed("worker1") is None, "back"
     assert course.last_on("worker1") is course.states[0], "its old process's end is still the drill's"
-    course.hit(1, 30.0, 401, {}, "restarted worker1", None)
+    assert course.due(30.0, 2.0, 401) == [1, 2]
+    course.hit(1, 30.0, 38.0, "restarted worker1", None)
     assert course.last_on("worker1") is course.states[1]
-    course.hit(2, 7.0, None, {}, None, "worker2's node is gone")
+    course.hit(2, 30.0, 30.1, None, "worker2's node is gone")
     assert course.last_on("worker2") is None, "a pause ends no process"
 
 
 def test_a_drilled_run_that_makes_no_progress_is_stalled_naming_the_last_fault() -> None:
     course = drills("cut ps0 at step 100 for 10s", stall_s=60.0)
     assert course.stalled(500.0, None) is None, "no drill has done anything yet"
-    course.hit(0, 10.0, 100, {}, "cut ps0", None)
+    assert course.due(10.0, 2.0, 100) == [0]
+    course.hit(0, 10.0, 10.2, "cut ps0", None)
     course.heal(0, 20.0, "ps0 reconnected", {})
     assert course.stalled(80.0, 15.0) is None
     assert course.stalled(80.1, 15.0) is course.states[0]
@@ -87,7 +105,8 @@ def test_the_verdict_of_a_drilled_run_against_what_was_expected(finish: Finish, 
                                                                  judged: Finish) -> None:
     course = drills("kill worker1 at step 50")
     if hit:
-        course.hit(0, 6.0, 52, {}, "killed worker1", None)
+        course.due(6.0, 2.0, 52)
+        course.hit(0, 6.0, 6.1, "killed worker1", None)
     assert course.judge(finish, expect) == judged
 
 

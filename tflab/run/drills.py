@@ -22,8 +22,11 @@ class DrillState:
     """One fault of a run, as it happened."""
 
     fault: Fault
-    hit_t: float | None = None
-    hit_step: int | None = None
+    hit_t: float | None = None  # when the injector began to do it
+    hit_step: int | None = None  # the furthest step a worker had reported then
+    applied_t: float | None = None  # when the injector was done (a reboot: its machine up again)
+    due_step: int | None = None  # what the run had reached when it fell due, and each worker's step
+    due_steps: dict[str, int | None] = field(default_factory=dict)
     done: str | None = None  # what was done, in words
     error: str | None = None
     healed_t: float | None = None
@@ -47,8 +50,10 @@ class Drills:
     def __bool__(self) -> bool:
         return bool(self.states)
 
-    def due(self, t: float, released_t: float | None, step: int | None) -> list[int]:
-        """Faults to do now: their step reached, or their time come (each once)."""
+    def due(self, t: float, released_t: float | None, step: int | None,
+            steps: Mapping[str, int | None] | None = None) -> list[int]:
+        """Faults to do now: their step reached, or their time come (each once); the run's step and each worker's
+        (`steps`) are kept as the fault's: the injector begins at once, and the steps go on while it works."""
         found = []
         for index, state in enumerate(self.states):
             if index in self.injected or released_t is None:
@@ -57,6 +62,7 @@ class Drills:
             if (fault.at_step is not None and step is not None and step >= fault.at_step) or \
                     (fault.at_s is not None and t - released_t >= fault.at_s):
                 self.injected.add(index)
+                state.due_step, state.due_steps = step, dict(steps or {})
                 found.append(index)
         return found
 
@@ -65,11 +71,13 @@ class Drills:
         return [i for i, s in enumerate(self.states)
                 if s.active and t >= (s.hit_t or t) + (s.fault.for_s or 0.0)]
 
-    def hit(self, index: int, t: float, step: int | None, steps: Mapping[str, int | None], done: str | None,
-            error: str | None) -> None:
+    def hit(self, index: int, began: float, applied: float, done: str | None, error: str | None) -> None:
+        """The injector did fault `index` (or could not), from `began` to `applied`: it hit when it began, at the
+        steps of when it fell due (a kill under load took effect by step 75, its docker exec returned at 550)."""
         state = self.states[index]
-        state.hit_t, state.hit_step, state.done, state.error = t, step, done, error
-        state.during = {node: [value, value] for node, value in steps.items() if value is not None}
+        state.hit_t, state.applied_t, state.done, state.error = began, applied, done, error
+        state.hit_step = state.due_step
+        state.during = {node: [value, value] for node, value in state.due_steps.items() if value is not None}
 
     def heal(self, index: int, t: float, what: str | None, steps: Mapping[str, int | None]) -> None:
         state = self.states[index]
@@ -108,7 +116,7 @@ class Drills:
 
     def last_event(self) -> float | None:
         """When a drill last did something (hit, or healed)."""
-        times = [s.hit_t for s in self.states if s.hit_t is not None]
+        times = [t for s in self.states for t in (s.hit_t, s.applied_t) if t is not None]
         times += [s.healed_t for s in self.states if s.healed_t is not None]
         return max(times) if times else None
 

@@ -75,12 +75,14 @@ class Interrupt:
 
 @dataclass(frozen=True)
 class Injected:
-    """A fault of the drill was done (or could not be)."""
+    """A fault of the drill was done (or could not be): at `t` the injector was done; it began at `began` (a
+    kill takes effect in between, and a reboot's machine is up again by `t`)."""
 
     index: int
     t: float
     done: str | None = None
     error: str | None = None
+    began: float | None = None
 
 
 @dataclass(frozen=True)

@@ -260,10 +260,11 @@ class Launcher:
                 self.events.put(Injected(action.index, self.clock(), error="this run has no fault injector"))
             return
         faults = self.plan.faults
+        began = self.clock()
         try:
             if isinstance(action, Inject):
                 done = self.injector.apply(faults[action.index])
-                self.events.put(Injected(action.index, self.clock(), done))
+                self.events.put(Injected(action.index, self.clock(), done, began=began))
             elif isinstance(action, Heal):
                 done = self.injector.heal(faults[action.index])
                 self.events.put(Healed(action.index, self.clock(), done))
@@ -272,7 +273,7 @@ class Launcher:
                 self.events.put(Revived(action.node, self.clock()))
         except TflabError as exc:
             if isinstance(action, Inject):
-                self.events.put(Injected(action.index, self.clock(), error=str(exc)))
+                self.events.put(Injected(action.index, self.clock(), error=str(exc), began=began))
             elif isinstance(action, Heal):
                 self.events.put(Healed(action.index, self.clock(), f"could not heal: {exc}"))
             else:

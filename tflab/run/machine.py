@@ -417,7 +417,7 @@ class RunMachine:
         if self.finished or not self.drills:
             return []
         released = self.began if not self.plan.servers else self._released_t
-        due = self.drills.due(t, released if self.released else None, self.run_step)
+        due = self.drills.due(t, released if self.released else None, self.run_step, self._steps())
         for index in due:
             fault = self.drills.states[index].fault
             if fault.action in ENDS_PROCESS:
@@ -426,7 +426,8 @@ class RunMachine:
 
     def _injected(self, event: Injected) -> list[Action]:
         state = self.drills.states[event.index]
-        self.drills.hit(event.index, event.t, self.run_step, self._steps(), event.done, event.error)
+        self.drills.hit(event.index, event.began if event.began is not None else event.t, event.t, event.done,
+                        event.error)
         fault = state.fault
         if self.injecting.get(fault.node) == event.index:
             del self.injecting[fault.node]
