@@ -2,8 +2,7 @@
 # The whole test suite, in three steps:
 #  1. the unit tests (no engine needed; the first failure stops them), while the images every
 #     Docker test starts from are built; once they are, the swarm tests (a one-node swarm, a second
-#     engine) run beside the unit tests, and so do the tests marked `builds` (they start no lab: they
-#     build and read images), while host b's and the Slurm cluster's images are built. No lab of another
+#     engine) run beside the unit tests, while host b's and the Slurm cluster's images are built. No lab of another
 #     test runs then: this engine's `docker swarm leave` takes the names away from every running compose
 #     lab's network (moby/moby#45144: a run there then waits for ever on a name), and Docker 29's
 #     `swarm init` does too (moby/moby#51491);
@@ -19,7 +18,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh || exit 1
 
 work=$(mktemp -d -t tflab-test.XXXXXX)
-builds="" lane_pid="" swarm_lane="" builds_lane=""
+builds="" lane_pid="" swarm_lane=""
 declare -A build_pid
 end_all() {  # every build stopped and each running lane ended as at a Ctrl-C, tearing its labs down
     for build in $builds; do pkill -TERM -P "$build" 2>/dev/null; done
@@ -30,7 +29,7 @@ end_all() {  # every build stopped and each running lane ended as at a Ctrl-C, t
         while kill -TERM "$pid" 2>/dev/null; do sleep 3; done
     done
     wait
-    for log in waits swarm builds; do
+    for log in waits swarm; do
         if [ -s "$work/$log.log" ]; then
             echo "test: the last lines of the $log lane:"; tail -n 15 "$work/$log.log"
         fi
@@ -100,20 +99,14 @@ build chromium ./scripts/setup.sh chromium
 
 lane unit "not docker" -x -q -rs "$@"
 unit=$lane_pid
-# Once they are, the swarm tests run beside the unit tests (no lab of theirs is up: see above), and the image
-# tests beside them (their builds, saves and reads of images took 89 s of the waiting lane's 538 s here, in the
-# second step, while the swarm tests left about a third of two cores unused), while host b's image (the
-# two-host walk's second engine, its test the swarm lane's last: it waits for this build) and the Slurm
-# cluster's (from the base: the stock lab's node image is the base itself) are built. A failed build leaves
-# the swarm tests for after the unit tests, whose fixture builds again, and the image tests for the second step.
+# Once they are, the swarm tests run beside the unit tests (no lab of theirs is up: see above), while host
+# b's image (the two-host walk's second engine, its test the swarm lane's last: it waits for this build) and
+# the Slurm cluster's (from the base: the stock lab's node image is the base itself) are built. A failed
+# build leaves the swarm tests for after the unit tests, whose fixture builds again.
 if built images "the base and the node image, built beside the unit tests" 3; then
-    echo "test: the swarm tests and the image tests, beside the unit tests (their output follows the unit tests')"
+    echo "test: the swarm tests, beside the unit tests (their output follows the unit tests')"
     lane swarm "docker and swarm and not alone" -v -rs "$@" >"$work/swarm.log" 2>&1
     swarm_lane=$lane_pid
-    # The image tests start no lab (a swarm's leave takes no names from them) and leave the engine's swarm alone.
-    TFLAB_TESTS_SHARED_ENGINE=1 lane builds "docker and builds and not swarm and not alone" -v -rs "$@" \
-        >"$work/builds.log" 2>&1
-    builds_lane=$lane_pid
 fi
 build hostb .venv/bin/python scripts/two_hosts.py image
 build slurm .venv/bin/python scripts/slurm_cluster.py image --image tflab-base:cpu
@@ -127,10 +120,6 @@ if [ -n "$swarm_lane" ]; then
     finish "$swarm_lane"; code=$?
     echo "test: the swarm tests, run beside the unit tests:"
     cat "$work/swarm.log"
-    finish "$builds_lane"; built_images=$?
-    [ "$code" -ne 0 ] || code=$built_images
-    echo "test: the image tests, run beside the swarm tests:"
-    cat "$work/builds.log"
 else
     echo "test: the swarm tests, with no other test's lab beside them"
     lane swarm "docker and swarm and not alone" -v -rs "$@"
@@ -140,15 +129,13 @@ built hostb "host b's image" 2
 built slurm "the Slurm cluster's image" 2
 built chromium "Chromium" 1
 
-waits="docker and waits and not swarm and not alone"
-[ -z "$builds_lane" ] || waits="$waits and not builds"  # the image tests ran beside the swarm tests
 if [ "${TFLAB_TESTS_LANES:-2}" = 2 ]; then
     # Two lanes share the engine: neither may take down what the other made (conftest.py). In earlier
     # runs a training program sometimes never took its first step here: the swarm tests, then in the
     # waiting lane, left the swarm while a training test's lab ran, and its nodes could no longer resolve
     # each other's names (found on 2026-11-28; step 1 now runs them apart from any lab).
     echo "test: the Docker tests: the waiting tests (their output follows the others') beside the rest"
-    TFLAB_TESTS_SHARED_ENGINE=1 lane waits "$waits" -v -rs "$@" \
+    TFLAB_TESTS_SHARED_ENGINE=1 lane waits "docker and waits and not swarm and not alone" -v -rs "$@" \
         >"$work/waits.log" 2>&1
     waiting=$lane_pid
     TFLAB_TESTS_SHARED_ENGINE=1 lane training "docker and not waits and not swarm and not alone" -v -rs "$@"
@@ -160,7 +147,7 @@ else
     echo "test: the Docker tests: the training tests, then the waiting tests"
     lane training "docker and not waits and not swarm and not alone" -v -rs "$@"
     finish; trained=$?
-    lane waits "$waits" -v -rs "$@"
+    lane waits "docker and waits and not swarm and not alone" -v -rs "$@"
     finish; waited=$?
 fi
 [ "$code" -ne 0 ] || code=$trained
@@ -171,6 +158,6 @@ lane alone "docker and alone" -v -rs "$@"
 finish; alone=$?
 [ "$code" -ne 0 ] || code=$alone
 
-.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/swarm.xml" "$work/builds.xml" "$work/training.xml" \
-    "$work/waits.xml" "$work/alone.xml"
+.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/swarm.xml" "$work/training.xml" "$work/waits.xml" \
+    "$work/alone.xml"
 exit "$code"

@@ -14,7 +14,7 @@ import pytest
 import suite_base
 from conftest import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits, pytest.mark.builds]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
 
 
 def saved_images_hold(needles: list[bytes], *images: str) -> set[bytes]:
