@@ -121,6 +121,9 @@ def test_tasks_waiting_on_an_idle_looking_host_blame_it_where_no_node_has_a_quot
                                   "host's, not a cluster's of this shape")
     assert find(waiting(series(busy, host=0.5, owned=4.0), 0.3), shape(None, host_cpus=4)).kind == "none", \
         "tasks waiting 30% of the time: the host had room enough"
+    # A node given a quota during the run (`tflab fault cpu worker1 0.2`) waits on it: no blame for the host.
+    faulted = waiting(series(busy, host=0.5, owned=4.0, throttled={"worker1": 0.8}), 0.8)
+    assert find(faulted, shape(None, host_cpus=4)).kind != "host"
     # Nodes with quotas wait on their own quotas: a wait then says nothing of the host.
     shared = find(waiting(series({"ps0": 0.96, "worker0": 0.4, "worker1": 0.42, "worker2": 0.38}, host=0.5), 0.8),
                   shape())

@@ -189,8 +189,10 @@ def _host(series: Series, shape: Shape) -> Limit | None:
     if len(series.host_busy) < MIN_SAMPLES:
         return None
     saturated = _saturated(series)
-    # A node's own quota makes its tasks wait too: the wait tells of the host only where no node has one.
-    quotaless = all(shape.cpus.get(n) is None for n in shape.cpus)
+    # A node's own quota makes its tasks wait too: the wait tells of the host only where no node has one, by
+    # design or by a `fault cpu` during the run (then its quota held it back in some periods).
+    quotaless = all(shape.cpus.get(n) is None for n in shape.cpus) and \
+        not any(share > 0 for shares in series.throttled.values() for share in shares)
     pressed = _pressed(series) if quotaless else saturated
     if max(saturated, pressed) <= MOST:
         return None
