@@ -163,13 +163,17 @@ def _nothing(series: Series, shape: Shape, owned: Mapping[str, float | None]) ->
     top = max(seen, key=lambda n: seen[n])
     mine = "the host's CPUs" if shape.cpus.get(top) is None and owned.get(top) in (None, float(shape.host_cpus)) \
         else f"its {_cpus(owned.get(top))}"
-    unset = [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
     room = ""
-    if unset and len(series.host_busy) >= MIN_SAMPLES:
+    if _unset(shape) and len(series.host_busy) >= MIN_SAMPLES:
         room = (f"; the host's {shape.host_cpus} CPUs had room (at least {SATURATED:.0%} busy in "
                 f"{_saturated(series):.0%} of the training)")
     return Limit("none", f"the busiest node, {top}, used {seen[top]:.0%} of {mine}{room}; "
                          "no link or memory near its limit: the program's own waits set the pace")
+
+
+def _unset(shape: Shape) -> list[str]:
+    """The servers and workers with no CPU share of their own."""
+    return [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
 
 
 def _saturated(series: Series) -> float:
@@ -180,9 +184,8 @@ def _saturated(series: Series) -> float:
 def _pressed(series: Series) -> float:
     """The share of the training's snapshots in which the host's CPUs were saturated or some task waited for
     one: where no node has a quota of its own, a wait is the host's (a quota or cpuset above the lab)."""
-    waiting = series.host_waiting + [None] * (len(series.host_busy) - len(series.host_waiting))
     return sum(b >= SATURATED or (w is not None and w >= WAITING)
-               for b, w in zip(series.host_busy, waiting)) / len(series.host_busy)
+               for b, w in zip(series.host_busy, series.host_waiting)) / len(series.host_busy)
 
 
 def _host(series: Series, shape: Shape) -> Limit | None:
@@ -194,9 +197,9 @@ def _host(series: Series, shape: Shape) -> Limit | None:
     quotaless = all(shape.cpus.get(n) is None for n in shape.cpus) and \
         not any(share > 0 for shares in series.throttled.values() for share in shares)
     pressed = _pressed(series) if quotaless else saturated
-    if max(saturated, pressed) <= MOST:
+    if pressed <= MOST:  # at least `saturated`: a saturated snapshot is a pressed one
         return None
-    unset = [n for n in (*shape.servers, *shape.workers) if shape.cpus.get(n) is None]
+    unset = _unset(shape)
     owned = sum(c for c in shape.cpus.values() if c is not None)
     if unset:
         why = f"{', '.join(unset)} {'has' if len(unset) == 1 else 'have'} no CPU share of {'its' if len(unset) == 1 else 'their'} own"
