@@ -245,6 +245,11 @@ def module_labs(tmp_path_factory: pytest.TempPathFactory, docker_client, base_im
     factory.cleanup()
 
 
+# For a lab whose programs never import TensorFlow (shell lines, tests/programs' burn, blast, throughput): no
+# standby interpreter imports it for nothing, at `up` and again after each run (about 3 CPU-s a node, on the
+# CPUs the test runs or measures on). The labs that train keep the default, as a user's do.
+NO_WARM = "--no-warm"
+
 # A task that trains until it is stopped.
 LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
         "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")

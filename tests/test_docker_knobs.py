@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import cli
+from conftest import NO_WARM, cli
 from test_docker_run import add_tasks, exec_quiet, lab_containers
 
 from tflab.host import labfiles
@@ -53,7 +53,7 @@ def probe_lines(output: str, node: str) -> dict[str, str]:
 def knob_lab(module_labs) -> Path:
     """A running lab of ps0 and three workers with NET_ADMIN (--faults), unshaped and with no CPU quota, shared by
     the module's tests: each ends asserting that every node is back as the lab says."""
-    lab = module_labs.gen("--faults", "--cpus-per-node", "0", nodes=4)
+    lab = module_labs.gen("--faults", "--cpus-per-node", "0", NO_WARM, nodes=4)
     add_tasks(lab, {"probe": SERVE + PROBE, "wait": SERVE + PROBE + "; sleep 300"})
     up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
