@@ -46,7 +46,7 @@ def test_a_compose_only_engine_is_told_how_to_make_a_swarm(labs, runner, docker_
 
 
 def test_a_swarm_lab_trains_and_goes_away(swarm, labs, runner) -> None:
-    """The README's one-host swarm, command by command: gen, up (no registry: the image is this engine's own),
+    """The README's one-host swarm: gen, up (no registry: the image is this engine's own),
     run train, status, down. Its run goes over docker exec, the README's; the two-host walk trains a swarm lab
     over docker exec and over SSH, through the ports published on both hosts (this one's too), so the SSH run
     is not made twice."""
