@@ -246,8 +246,9 @@ def module_labs(tmp_path_factory: pytest.TempPathFactory, docker_client, base_im
 
 
 # For a lab whose programs never import TensorFlow (shell lines, tests/programs' burn, blast, throughput): no
-# standby interpreter imports it for nothing, at `up` and again after each run (about 3 CPU-s a node, on the
-# CPUs the test runs or measures on). The labs that train keep the default, as a user's do.
+# standby interpreter imports it for nothing, at `up` and again after each run that took one for a Python
+# program (about 3 CPU-s a node, on the CPUs the test runs or measures on). The labs that train keep the
+# default, as a user's do.
 NO_WARM = "--no-warm"
 
 # A task that trains until it is stopped.
