@@ -24,6 +24,11 @@ HANG = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOST
 FAIL = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOSTS##*:}; fi; "
         "if [ {task_index} = 1 ]; then echo 'worker1 gives up'; exit 7; fi; sleep 600")
 ACCURACY = re.compile(r"test accuracy (0\.\d+)")
+# A job's end, seen on the controller within half a second. Not `sbatch --wait`: it asks after 2, 8, then every
+# 32 s (its interval grows while it is under a third of MinJobAge, 3600 s here as by default), so a job of 11 s
+# was seen at 42 s, one of 43 s at 74 s.
+ENDED = ("while scontrol -o show job {job} | grep -Eq 'JobState=(PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED"
+         "|REQUEUED|RESIZING|SIGNALING|STAGE_OUT) '; do sleep 0.5; done")
 
 
 def slurm(name: str, *argv: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -42,9 +47,11 @@ def submit(name: str, lab: Path, *render: str) -> tuple[str, str, str]:
     rendered = subprocess.run([sys.executable, "-m", "tflab", "render", "slurm", "--lab", str(lab), "-o", str(script),
                                *render], capture_output=True, text=True)
     assert rendered.returncode == 0, rendered.stderr
-    done = slurm(name, "sbatch", "--wait", "--parsable", script.name, cwd=lab)
+    done = slurm(name, "sbatch", "--parsable", script.name, cwd=lab)
     job = done.stdout.strip().split(";")[0]
     assert job.isdigit(), done.stdout + done.stderr
+    ended = slurm(name, "sh", "-c", ENDED.format(job=job))
+    assert ended.returncode == 0, ended.stdout + ended.stderr
     output = next(lab.glob(f"slurm-*-{job}.out")).read_text()
     state, code = job_state(name, job)
     return job, output, f"{state} {code}"
