@@ -2,8 +2,9 @@
 # The whole test suite, in three steps:
 #  1. the unit tests (no engine needed; the first failure stops them), while the images every
 #     Docker test starts from are built; once they are, the swarm tests (a one-node swarm, a second
-#     engine) run beside the unit tests, while host b's and the Slurm cluster's images are built. No lab of another
-#     test runs then: this engine's `docker swarm leave` takes the names away from every running compose
+#     engine) run beside the unit tests, while host b's and the Slurm cluster's images are built, and once the
+#     unit tests have ended, the tests marked `builds` (they start no lab: they build, save and read images)
+#     beside the swarm tests that are left. No lab of another test runs then: this engine's `docker swarm leave` takes the names away from every running compose
 #     lab's network (moby/moby#45144: a run there then waits for ever on a name), and Docker 29's
 #     `swarm init` does too (moby/moby#51491);
 #  2. the tests that start real containers: the training tests and, in a lane beside them, those that
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh || exit 1
 
 work=$(mktemp -d -t tflab-test.XXXXXX)
-builds="" lane_pid="" swarm_lane=""
+builds="" lane_pid="" swarm_lane="" builds_lane=""
 declare -A build_pid
 end_all() {  # every build stopped and each running lane ended as at a Ctrl-C, tearing its labs down
     for build in $builds; do pkill -TERM -P "$build" 2>/dev/null; done
@@ -29,7 +30,7 @@ end_all() {  # every build stopped and each running lane ended as at a Ctrl-C, t
         while kill -TERM "$pid" 2>/dev/null; do sleep 3; done
     done
     wait
-    for log in waits swarm; do
+    for log in waits swarm builds; do
         if [ -s "$work/$log.log" ]; then
             echo "test: the last lines of the $log lane:"; tail -n 15 "$work/$log.log"
         fi
@@ -117,9 +118,20 @@ if [ "$code" -ne 0 ]; then  # the first failure stops the suite: the swarm tests
     exit "$code"
 fi
 if [ -n "$swarm_lane" ]; then
+    # With the unit tests done, the swarm tests (mostly the two-host walk: its push and pull of the node image)
+    # leave part of two cores unused; the image tests use it. They start no lab (a swarm's leave takes no names
+    # from a build) and leave the swarm alone. Not beside the unit tests: their timing checks failed once with
+    # these beside them (66b0223).
+    TFLAB_TESTS_SHARED_ENGINE=1 lane builds "docker and builds and not swarm and not alone" -v -rs "$@" \
+        >"$work/builds.log" 2>&1
+    builds_lane=$lane_pid
     finish "$swarm_lane"; code=$?
     echo "test: the swarm tests, run beside the unit tests:"
     cat "$work/swarm.log"
+    finish "$builds_lane"; built_images=$?
+    [ "$code" -ne 0 ] || code=$built_images
+    echo "test: the image tests, run beside the swarm tests once the unit tests had ended:"
+    cat "$work/builds.log"
 else
     echo "test: the swarm tests, with no other test's lab beside them"
     lane swarm "docker and swarm and not alone" -v -rs "$@"
@@ -128,6 +140,8 @@ fi
 built hostb "host b's image" 2
 built slurm "the Slurm cluster's image" 2
 built chromium "Chromium" 1
+waits="docker and waits and not swarm and not alone"
+[ -z "$builds_lane" ] || waits="$waits and not builds"  # the image tests ran in the first step
 
 if [ "${TFLAB_TESTS_LANES:-2}" = 2 ]; then
     # Two lanes share the engine: neither may take down what the other made (conftest.py). In earlier
@@ -135,7 +149,7 @@ if [ "${TFLAB_TESTS_LANES:-2}" = 2 ]; then
     # waiting lane, left the swarm while a training test's lab ran, and its nodes could no longer resolve
     # each other's names (found on 2026-11-28; step 1 now runs them apart from any lab).
     echo "test: the Docker tests: the waiting tests (their output follows the others') beside the rest"
-    TFLAB_TESTS_SHARED_ENGINE=1 lane waits "docker and waits and not swarm and not alone" -v -rs "$@" \
+    TFLAB_TESTS_SHARED_ENGINE=1 lane waits "$waits" -v -rs "$@" \
         >"$work/waits.log" 2>&1
     waiting=$lane_pid
     TFLAB_TESTS_SHARED_ENGINE=1 lane training "docker and not waits and not swarm and not alone" -v -rs "$@"
@@ -147,7 +161,7 @@ else
     echo "test: the Docker tests: the training tests, then the waiting tests"
     lane training "docker and not waits and not swarm and not alone" -v -rs "$@"
     finish; trained=$?
-    lane waits "docker and waits and not swarm and not alone" -v -rs "$@"
+    lane waits "$waits" -v -rs "$@"
     finish; waited=$?
 fi
 [ "$code" -ne 0 ] || code=$trained
@@ -158,6 +172,6 @@ lane alone "docker and alone" -v -rs "$@"
 finish; alone=$?
 [ "$code" -ne 0 ] || code=$alone
 
-.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/swarm.xml" "$work/training.xml" "$work/waits.xml" \
+.venv/bin/python scripts/slowest.py 15 "$work/unit.xml" "$work/swarm.xml" "$work/builds.xml" "$work/training.xml" "$work/waits.xml" \
     "$work/alone.xml"
 exit "$code"

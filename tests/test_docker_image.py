@@ -13,6 +13,7 @@ from conftest import cli
 pytestmark = [pytest.mark.docker, pytest.mark.waits]
 
 
+@pytest.mark.builds  # no lab: builds, saves and reads images
 def test_second_build_does_no_work(labs, runner) -> None:
     lab = labs.gen(nodes=1)
     first = runner.invoke(cli, ["build", "--force", "--lab", str(lab)])
@@ -48,6 +49,7 @@ def _layer_files(image_tar: Path):
                         yield item.name.removeprefix("./"), handle.read() if handle else b""
 
 
+@pytest.mark.builds  # no lab: builds, saves and reads images
 def test_saved_image_holds_no_private_key_and_no_root_password(labs, runner, tmp_path: Path) -> None:
     lab = labs.gen(nodes=1)
     built = runner.invoke(cli, ["build", "--lab", str(lab)])
@@ -108,6 +110,7 @@ def test_node_runs_tensorflow_and_sshd_takes_the_key_and_refuses_passwords(labs,
     assert "permitrootlogin without-password" in settings.stdout
 
 
+@pytest.mark.builds  # no lab: builds, saves and reads images
 def test_bake_puts_the_code_and_data_in_an_image_for_clusters(labs, runner, docker_client) -> None:
     import uuid
 
