@@ -93,6 +93,7 @@ def test_an_allreduce_job_resumes_from_its_backup_after_a_restart(labs, runner, 
     nothing_left(lab, docker_client)
 
 
+@pytest.mark.waits  # mostly waits (on the 15 s pause)
 def test_a_paused_worker_does_not_stop_the_others(drill_lab: Path, docker_client) -> None:
     done = run(drill_lab, "train", "--fault", "pause worker2 at step 100 for 15s")
     assert done.returncode == 0, done.stdout[-4000:]
@@ -104,6 +105,7 @@ def test_a_paused_worker_does_not_stop_the_others(drill_lab: Path, docker_client
     nothing_left(drill_lab, docker_client)
 
 
+@pytest.mark.waits  # mostly waits (on the cut and TensorFlow's reconnects)
 def test_a_cut_parameter_server_recovers_or_fails_naming_the_cut_never_hangs(drill_lab: Path, docker_client) -> None:
     done = run(drill_lab, "train", "--fault", "cut ps0 at step 100 for 10s")
     data = record(drill_lab, "train")
@@ -115,6 +117,7 @@ def test_a_cut_parameter_server_recovers_or_fails_naming_the_cut_never_hangs(dri
     nothing_left(drill_lab, docker_client)
 
 
+@pytest.mark.waits  # mostly waits (with the other tests of drill_lab, which stays one lab)
 def test_faults_by_hand_and_clear_leaves_nothing(drill_lab: Path, runner, docker_client) -> None:
     lf = labfiles.open_lab(drill_lab)
     for args in (["slow", "ps0", "10mbit"], ["cpu", "worker1", "0.2"], ["cut", "worker2", "--from", "ps0"],
