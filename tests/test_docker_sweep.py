@@ -35,7 +35,7 @@ def sweep_lab(module_labs) -> Path:
     lab = module_labs.gen(nodes=4)
     add_tasks(lab, {"steps": {"command": SERVE + STEPS.replace("{STEPS_N}", "80"), "batch": "{BATCH}",
                               "preload": False},
-                    "slow": {"command": SERVE + STEPS.replace("{STEPS_N}", "200"), "preload": False}})
+                    "slow": {"command": SERVE + STEPS.replace("{STEPS_N}", "100"), "preload": False}})
     up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     return lab
