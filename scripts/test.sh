@@ -2,11 +2,11 @@
 # The whole test suite, in three steps:
 #  1. the unit tests (no engine needed; the first failure stops them), while the images every
 #     Docker test starts from are built; once they are, the swarm tests (a one-node swarm, a second
-#     engine) run beside the unit tests, while host b's and the Slurm cluster's images are built, and once the
+#     engine) run beside the unit tests, while host b's and the Slurm cluster's images are built; once the
 #     unit tests have ended, the tests marked `builds` (they start no lab: they build, save and read images)
-#     beside the swarm tests that are left. No lab of another test runs then: this engine's `docker swarm leave` takes the names away from every running compose
-#     lab's network (moby/moby#45144: a run there then waits for ever on a name), and Docker 29's
-#     `swarm init` does too (moby/moby#51491);
+#     run beside the swarm tests that are left. No lab of another test runs then: this engine's `docker
+#     swarm leave` takes the names away from every running compose lab's network (moby/moby#45144: a run
+#     there then waits for ever on a name), and Docker 29's `swarm init` does too (moby/moby#51491);
 #  2. the tests that start real containers: the training tests and, in a lane beside them, those that
 #     mostly wait (builds of images, a Slurm cluster; late workers) (TFLAB_TESTS_LANES=1: one lane after
 #     the other);

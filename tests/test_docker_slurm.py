@@ -26,9 +26,10 @@ FAIL = ("if [ {job_name} = ps ]; then exec python -m http.server ${TFLAB_PS_HOST
 ACCURACY = re.compile(r"test accuracy (0\.\d+)")
 # A job's end, seen on the controller within half a second. Not `sbatch --wait`: it asks after 2, 8, then every
 # 32 s (its interval grows while it is under a third of MinJobAge, 3600 s here as by default), so a job of 11 s
-# was seen at 42 s, one of 43 s at 74 s.
-ENDED = ("while scontrol -o show job {job} | grep -Eq 'JobState=(PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED"
-         "|REQUEUED|RESIZING|SIGNALING|STAGE_OUT) '; do sleep 0.5; done")
+# was seen at 42 s, one of 43 s at 74 s. Until a final state: a query the loaded controller does not answer
+# is asked again (slurm()'s timeout bounds the wait).
+ENDED = ("until scontrol -o show job {job} | grep -Eq 'JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL"
+         "|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE) '; do sleep 0.5; done")
 
 
 def slurm(name: str, *argv: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
