@@ -200,10 +200,10 @@ class LabFactory:
 
         lab = self.root / (name or f"lab-{uuid.uuid4().hex[:8]}")
         count = nodes + 2
+        base = free_port_base(2 * count)  # one free range for both: two drawn apart may overlap, which gen refuses
         argv = [
             "gen", "--lab", str(lab), "--nodes", str(nodes),
-            "--ssh-port-base", str(free_port_base(count)),
-            "--tensorboard-port-base", str(free_port_base(count)),
+            "--ssh-port-base", str(base), "--tensorboard-port-base", str(base + count),
             "--name", f"t{uuid.uuid4().hex[:10]}", *args,
         ]
         if code is not None:

@@ -60,8 +60,9 @@ class Walk:
         elif argv[0] == "tflab":
             argv = [str(TFLAB), *argv[1:]]
             if argv[1] == "gen":
-                argv += ["--name", name or self.name, "--ssh-port-base", str(free_port_base(6)),
-                         "--tensorboard-port-base", str(free_port_base(6))]
+                base = free_port_base(12)  # one free range for both (two drawn apart may overlap)
+                argv += ["--name", name or self.name, "--ssh-port-base", str(base),
+                         "--tensorboard-port-base", str(base + 6)]
         return argv
 
     def run(self, line: str, timeout: float = 600) -> subprocess.CompletedProcess:
