@@ -5,6 +5,7 @@
     python scripts/two_hosts.py docker ARGS...      # the second host's own `docker`
     python scripts/two_hosts.py down [--purge]
     python scripts/two_hosts.py image                # only host b's image, built once
+    python scripts/two_hosts.py image --warm IMAGE   # and IMAGE's layers stored in the registry's cache
 
 For trying tflab's two-host path (README: Beyond one host) and for its test; it is not a tflab
 command: tflab never grows its own cluster manager. `up` makes:
@@ -24,7 +25,10 @@ command: tflab never grows its own cluster manager. `up` makes:
   a lab made under it has one runs folder for all its nodes.
 
 `down` leaves the swarm on both engines and removes host b and what it held; the registry's
-storage stays cached for the next `up` (as the local base image does), unless --purge.
+storage stays cached for the next `up` (as the local base image does), unless --purge. A push
+of layers the registry holds uploads none of them again: `image --warm IMAGE` stores an image's
+layers there ahead of a walk (the engine compresses a layer on one core: the node image's
+1.85 GB took 50 s), and an `up` meanwhile waits for it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +48,8 @@ from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tflab" / "two-hosts"
 STATE = CACHE / "state.json"
+REGISTRY_DATA = CACHE / "registry"
+WARM_LOCK = CACHE / "registry.lock"  # held by `image --warm` while it writes the registry's storage
 NAME = "tflab-host-b"
 LABEL = "tflab.fixture=two-hosts"
 GWBRIDGE = "docker_gwbridge"  # made by the engine at `swarm init`, and left by `swarm leave`
@@ -63,9 +70,8 @@ LABEL tflab.fixture=two-hosts
 # The registry's own config: the package's turns on htpasswd auth at a path that is a folder.
 REGISTRY = "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/docker-registry\n" \
            "  delete:\n    enabled: true\nhttp:\n  addr: 0.0.0.0:{port}\n"
-START = ("printf '%s' \"$REGISTRY_CONFIG\" > /etc/tflab-registry.yml; "
-         "docker-registry serve /etc/tflab-registry.yml > /var/log/registry.log 2>&1 & "
-         "exec dockerd --storage-driver $STORAGE > /var/log/dockerd.log 2>&1")
+SERVE = "printf '%s' \"$REGISTRY_CONFIG\" > /etc/tflab-registry.yml; docker-registry serve /etc/tflab-registry.yml"
+START = f"{SERVE} > /var/log/registry.log 2>&1 & exec dockerd --storage-driver $STORAGE > /var/log/dockerd.log 2>&1"
 
 
 def say(message: str) -> None:
@@ -120,6 +126,43 @@ def host_image() -> str:
         (context / "Dockerfile").write_text(DOCKERFILE)
         sh("docker", "build", "-q", "--build-arg", f"RAW={raw}", "-t", tag, str(context), timeout=1800)
     return tag
+
+
+def warm(image: str) -> None:
+    """IMAGE's layers stored in the registry's cached storage, under the repository tflab's push names
+    (REGISTRY/tflab-node): a registry of the same storage then has them, and this engine, which pushed them,
+    knows their compressed digests, so the walk's push finds each layer there and uploads none. A registry of
+    its own for this, on a free loopback port, removed after."""
+    if sh("docker", "image", "inspect", image, check=False).returncode != 0:
+        raise SystemExit(f"two-hosts: no image {image} on this engine to store in the registry")
+    registry_image = host_image()
+    REGISTRY_DATA.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    name, tag = f"tflab-registry-warm-{os.getpid()}", f"127.0.0.1:{port}/tflab-node:warm"
+    with WARM_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        say(f"storing {image}'s layers in the registry's cache ({REGISTRY_DATA})")
+        sh("docker", "run", "-d", "--name", name, "--label", LABEL, "-v", f"{REGISTRY_DATA}:/var/lib/docker-registry",
+           "-p", f"127.0.0.1:{port}:{port}", "-e", f"REGISTRY_CONFIG={REGISTRY.format(port=port)}",
+           registry_image, "sh", "-c", SERVE)
+        try:
+            wait_for(lambda: answers(f"127.0.0.1:{port}"), f"the registry did not answer at 127.0.0.1:{port}", 60)
+            sh("docker", "tag", image, tag)
+            sh("docker", "push", tag, timeout=1800)
+        finally:
+            sh("docker", "rmi", tag, check=False)
+            sh("docker", "rm", "-f", "-v", name, check=False)
+    say(f"the registry's cache holds {image}'s layers")
+
+
+def answers(registry: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{registry}/v2/", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def free(port: int) -> bool:
@@ -178,9 +221,15 @@ def make(args: argparse.Namespace, made: list[str]) -> None:
     share.mkdir(parents=True, exist_ok=True)
     port = args.port
     image = host_image()
-    engine_data, registry_data = CACHE / "engine" / str(os.getpid()), CACHE / "registry"
+    engine_data, registry_data = CACHE / "engine" / str(os.getpid()), REGISTRY_DATA
     for folder in (engine_data, registry_data):
         folder.mkdir(parents=True, exist_ok=True)
+    with WARM_LOCK.open("w") as lock:  # an `image --warm` writing the registry's storage ends first
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("waiting for `image --warm` to finish storing layers in the registry's cache")
+            fcntl.flock(lock, fcntl.LOCK_SH)
     # fuse-overlayfs shares layers as overlayfs does; vfs (a full copy per layer) works wherever a nested engine does
     driver = args.storage if args.storage != "auto" else "fuse-overlayfs" if Path("/dev/fuse").exists() else "vfs"
     storage = ["-e", f"STORAGE={driver}", *(["--device", "/dev/fuse"] if driver == "fuse-overlayfs" else [])]
@@ -196,15 +245,7 @@ def make(args: argparse.Namespace, made: list[str]) -> None:
     made.append("host b")
     wait_for(lambda: in_b("docker", "info", check=False, timeout=30).returncode == 0, "host b's engine did not start", 90)
     registry = f"127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{registry}/v2/", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    wait_for(answers, f"the registry did not answer at {registry}", 60)
+    wait_for(lambda: answers(registry), f"the registry did not answer at {registry}", 60)
     address = docker0()
     say(f"making this engine a swarm manager at {address}; host b joins it")
     gwbridge = sh("docker", "network", "inspect", GWBRIDGE, check=False).returncode != 0
@@ -246,6 +287,7 @@ def down(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # what a verb made is undone, as at a Ctrl-C
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
     p = verbs.add_parser("up", help="make host b, the swarm and the registry")
@@ -258,7 +300,9 @@ def main() -> None:
     p.add_argument("--purge", action="store_true", help="the cached registry storage and image too")
     p.add_argument("--state", default=str(STATE))
     verbs.add_parser("docker", help="host b's own docker: python scripts/two_hosts.py docker ps")
-    verbs.add_parser("image", help="only build (or find) host b's image; print its tag")
+    p = verbs.add_parser("image", help="only build (or find) host b's image; print its tag")
+    p.add_argument("--warm", metavar="IMAGE", help="then store IMAGE's layers in the registry's cache (a later "
+                                                   "push of them uploads none)")
     args, rest = parser.parse_known_args()
     if args.verb == "docker":
         sys.exit(subprocess.call(["docker", "exec", NAME, "docker", *rest]))
@@ -266,6 +310,8 @@ def main() -> None:
         parser.error(f"unknown arguments: {' '.join(rest)}")
     if args.verb == "image":
         print(host_image())
+        if args.warm:
+            warm(args.warm)
         return
     {"up": up, "down": down}[args.verb](args)
 
