@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import cli
+from conftest import NO_WARM, cli
 from test_docker_run import add_tasks
 
 from tflab.run import runreport
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.alone]
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TFLAB = [sys.executable, "-m", "tflab"]
 
 # A stand-in for training whose cluster follows the parameter-server cost model: each worker's step
@@ -31,8 +31,9 @@ SERVE = "if [ {job_name} = ps ]; then exec python -m http.server 2222; fi; "
 
 @pytest.fixture(scope="module")
 def sweep_lab(module_labs) -> Path:
-    """ps0 and three workers, shared by the module's tests (each sweep has a name, and a folder, of its own)."""
-    lab = module_labs.gen(nodes=4)
+    """ps0 and three workers, shared by the module's tests (each sweep has a name, and a folder, of its own).
+    The stand-ins never import TensorFlow: no standby imports it at `up` beside the first points."""
+    lab = module_labs.gen(NO_WARM, nodes=4)
     add_tasks(lab, {"steps": {"command": SERVE + STEPS.replace("{STEPS_N}", "80"), "batch": "{BATCH}",
                               "preload": False},
                     "slow": {"command": SERVE + STEPS.replace("{STEPS_N}", "100"), "preload": False}})
@@ -41,6 +42,7 @@ def sweep_lab(module_labs) -> Path:
     return lab
 
 
+@pytest.mark.alone  # the points' rates against the cost model, and the prediction's error, are measured
 def test_a_sweep_runs_every_point_and_writes_what_it_found(sweep_lab: Path, runner) -> None:
     lab = sweep_lab
     result = runner.invoke(cli, ["sweep", "steps", "--vary", "workers=1,2,3", "--vary", "env.BATCH=16,32",
@@ -103,6 +105,7 @@ def test_a_sweep_runs_every_point_and_writes_what_it_found(sweep_lab: Path, runn
     assert "grid" in listed.stdout and "6/6" in listed.stdout
 
 
+@pytest.mark.waits  # times nothing: it waits on the stand-ins' sleeps, and stops the sweep in its second point
 def test_a_stopped_sweep_keeps_what_finished_and_resume_runs_only_the_rest(sweep_lab: Path, runner) -> None:
     lab = sweep_lab
     child = subprocess.Popen([*TFLAB, "sweep", "slow", "--vary", "workers=1,2,3", "--name", "cut", "--lab", str(lab)],
