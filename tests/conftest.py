@@ -53,10 +53,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     signal.signal(signal.SIGTERM, interrupted)
 
 
-# The waiting lane's modules that use about one core (a wheel built and installed from an empty folder; workers
-# that wait out TensorFlow's 30 s) run first, beside the training lane, whose tests then get the other core. Last
-# in that lane, after the training lane has ended, they left one core of two unused (54 s of a fresh clone's 594).
-LIGHT_FIRST = ("test_wheel.py", "test_docker_late_worker.py")
+# The waiting lane's modules that use about one core (workers that wait out TensorFlow's 30 s; a Slurm cluster's
+# jobs, one CPU a node, seen ending by polling; a sweep of sleeping stand-ins; a wheel built and installed from an
+# empty folder) run first, beside the training lane, whose tests then get the other core. Last in that lane, after
+# the training lane had ended, they left one core of two unused: the wheel's tests 54 s of a fresh clone's 594 s
+# (1.05 cores busy); once they were first, the Slurm test's 51 s (0.97).
+LIGHT_FIRST = ("test_docker_late_worker.py", "test_docker_slurm.py", "test_docker_sweep.py", "test_wheel.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

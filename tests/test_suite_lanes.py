@@ -198,3 +198,25 @@ def test_the_suite_s_base_build_passes_a_sigterm_on_to_tflab_base(tmp_path: Path
     assert (fake / "told").read_text() == str(int(signal.SIGTERM))
     assert child.returncode == 1 and err.startswith("suite_base: tflab base failed"), (out, err)
     assert not (tmp_path / "base.json").exists()
+
+
+def test_the_waiting_lane_starts_with_its_modules_that_use_one_core() -> None:
+    """test.sh's waiting lane, as collected: the late workers, the Slurm cluster, the stopped sweep and the wheel
+    first (they leave the training lane beside them a core), each module's tests in the order they are written;
+    the measured sweep stays in the lane with nothing beside it."""
+    def collected(markers: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                               markers], cwd=REPO, capture_output=True, text=True, check=True)
+        return [line for line in done.stdout.splitlines() if "::" in line]
+
+    waiting = collected("docker and waits and not swarm and not alone and not builds")
+    modules = [test.split("::")[0] for test in waiting]
+    light = ["tests/test_docker_late_worker.py"] * 2 + ["tests/test_docker_slurm.py", "tests/test_docker_sweep.py"] + \
+        ["tests/test_wheel.py"] * 2
+    assert modules[:6] == light, waiting
+    assert waiting[6:] and not set(light) & set(modules[6:]), waiting
+    assert waiting[4:6] == ["tests/test_wheel.py::test_the_wheel_carries_every_file_tflab_needs",
+                            "tests/test_wheel.py::test_the_four_commands_verbatim_from_an_empty_folder"]
+    alone = collected("docker and alone")
+    assert "tests/test_docker_sweep.py::test_a_sweep_runs_every_point_and_writes_what_it_found" in alone
+    assert not [test for test in alone if "stopped_sweep" in test]
