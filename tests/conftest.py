@@ -53,17 +53,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     signal.signal(signal.SIGTERM, interrupted)
 
 
-# The waiting lane's modules that use about one core (workers that wait out TensorFlow's 30 s; a Slurm cluster's
+# The waiting lane's tests that use about one core (workers that wait out TensorFlow's 30 s; a Slurm cluster's
 # jobs, one CPU a node, seen ending by polling; a sweep of sleeping stand-ins; a wheel built and installed from an
-# empty folder) run first, beside the training lane, whose tests then get the other core. Last in that lane, after
-# the training lane had ended, they left one core of two unused: the wheel's tests 54 s of a fresh clone's 594 s
-# (1.05 cores busy); once they were first, the Slurm test's 51 s (0.97).
-LIGHT_FIRST = ("test_docker_late_worker.py", "test_docker_slurm.py", "test_docker_sweep.py", "test_wheel.py")
+# empty folder; the guard's own tests, which mostly wait, beside a lab's training) run first, beside the training
+# lane, whose tests then get the other core. Last in that lane, after the training lane had ended, they left one
+# core of two unused: the wheel's tests 54 s of a fresh clone's 594 s (1.05 cores busy); once they were first, the
+# Slurm test's 51 s (0.97); then the guard's 43 s (0.71).
+LIGHT_FIRST = ("test_docker_late_worker.py", "test_docker_signals.py", "test_docker_slurm.py", "test_docker_sweep.py",
+               "test_wheel.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """LIGHT_FIRST's modules first, the rest in pytest's order (a stable sort: each module's tests as written)."""
-    items.sort(key=lambda item: item.path.name not in LIGHT_FIRST)
+    """The waiting tests of LIGHT_FIRST's modules first, the rest in pytest's order (a stable sort: each module's
+    tests as written)."""
+    items.sort(key=lambda item: not (item.path.name in LIGHT_FIRST and item.get_closest_marker("waits")))
 
 
 HOST_CPU = pytest.StashKey[float]()

@@ -201,9 +201,10 @@ def test_the_suite_s_base_build_passes_a_sigterm_on_to_tflab_base(tmp_path: Path
 
 
 def test_the_waiting_lane_starts_with_its_modules_that_use_one_core() -> None:
-    """test.sh's waiting lane, as collected: the late workers, the Slurm cluster, the stopped sweep and the wheel
-    first (they leave the training lane beside them a core), each module's tests in the order they are written;
-    the measured sweep stays in the lane with nothing beside it."""
+    """test.sh's waiting lane, as collected: the late workers, the guard's tests beside a training lab, the Slurm
+    cluster, the stopped sweep and the wheel first (they leave the training lane beside them a core), each
+    module's tests in the order they are written; the training lane keeps its order; the measured sweep stays in
+    the lane with nothing beside it."""
     def collected(markers: str) -> list[str]:
         done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
                                markers], cwd=REPO, capture_output=True, text=True, check=True)
@@ -211,12 +212,14 @@ def test_the_waiting_lane_starts_with_its_modules_that_use_one_core() -> None:
 
     waiting = collected("docker and waits and not swarm and not alone and not builds")
     modules = [test.split("::")[0] for test in waiting]
-    light = ["tests/test_docker_late_worker.py"] * 2 + ["tests/test_docker_slurm.py", "tests/test_docker_sweep.py"] + \
-        ["tests/test_wheel.py"] * 2
-    assert modules[:6] == light, waiting
-    assert waiting[6:] and not set(light) & set(modules[6:]), waiting
-    assert waiting[4:6] == ["tests/test_wheel.py::test_the_wheel_carries_every_file_tflab_needs",
+    light = ["tests/test_docker_late_worker.py"] * 2 + ["tests/test_docker_signals.py", "tests/test_docker_slurm.py",
+                                                        "tests/test_docker_sweep.py"] + ["tests/test_wheel.py"] * 2
+    assert modules[:7] == light, waiting
+    assert waiting[7:] and not set(light) & set(modules[7:]), waiting
+    assert waiting[5:7] == ["tests/test_wheel.py::test_the_wheel_carries_every_file_tflab_needs",
                             "tests/test_wheel.py::test_the_four_commands_verbatim_from_an_empty_folder"]
+    training = [test.split("::")[0] for test in collected("docker and not waits and not swarm and not alone")]
+    assert training[0] == "tests/test_docker_drills.py" and training == sorted(training), training
     alone = collected("docker and alone")
     assert "tests/test_docker_sweep.py::test_a_sweep_runs_every_point_and_writes_what_it_found" in alone
     assert not [test for test in alone if "stopped_sweep" in test]
