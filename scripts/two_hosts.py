@@ -52,6 +52,9 @@ REGISTRY_DATA = CACHE / "registry"
 WARM_LOCK = CACHE / "registry.lock"  # held by `image --warm` while it writes the registry's storage
 NAME = "tflab-host-b"
 LABEL = "tflab.fixture=two-hosts"
+# The registry `image --warm` runs for a while: not host b, so a session that finds host b left over (tests/conftest.py
+# takes it down) does not take it for one.
+WARM_LABEL = "tflab.fixture=two-hosts-warm"
 GWBRIDGE = "docker_gwbridge"  # made by the engine at `swarm init`, and left by `swarm leave`
 # Every capability the engine knows but CAP_SYS_RESOURCE (refused by some sandboxes).
 CAPS = ("AUDIT_CONTROL AUDIT_READ AUDIT_WRITE BLOCK_SUSPEND CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID "
@@ -144,9 +147,9 @@ def warm(image: str) -> None:
     with WARM_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         say(f"storing {image}'s layers in the registry's cache ({REGISTRY_DATA})")
-        sh("docker", "run", "-d", "--name", name, "--label", LABEL, "-v", f"{REGISTRY_DATA}:/var/lib/docker-registry",
-           "-p", f"127.0.0.1:{port}:{port}", "-e", f"REGISTRY_CONFIG={REGISTRY.format(port=port)}",
-           registry_image, "sh", "-c", SERVE)
+        sh("docker", "run", "-d", "--name", name, "--label", WARM_LABEL,
+           "-v", f"{REGISTRY_DATA}:/var/lib/docker-registry", "-p", f"127.0.0.1:{port}:{port}",
+           "-e", f"REGISTRY_CONFIG={REGISTRY.format(port=port)}", registry_image, "sh", "-c", SERVE)
         try:
             wait_for(lambda: answers(f"127.0.0.1:{port}"), f"the registry did not answer at 127.0.0.1:{port}", 60)
             sh("docker", "tag", image, tag)
