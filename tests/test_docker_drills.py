@@ -100,8 +100,8 @@ def test_a_paused_worker_does_not_stop_the_others(drill_lab: Path, docker_client
     drill = record(drill_lab, "train")["faults"][0]
     assert drill["healed_s"] - drill["hit_s"] >= 15
     for worker in ("worker0", "worker1"):
-        before, after = drill["during"][worker]
-        assert after > before, (worker, drill["during"])
+        before, after = drill["during"][worker]  # before None: still starting when the run reached step 100
+        assert after is not None and (before is None or after > before), (worker, drill["during"])
     nothing_left(drill_lab, docker_client)
 
 

@@ -32,7 +32,7 @@ def test_a_lasting_fault_is_healed_after_its_time_and_notes_the_steps_made_meanw
     course.hit(0, 10.0, 10.3, "paused worker2", None)
     assert course.heal_due(24.9) == []
     assert course.heal_due(25.0) == [0]
-    course.note_steps({"worker0": 500, "worker1": 480, "worker2": 0})
+    course.note_steps({"worker0": 500, "worker1": 480, "worker2": None})
     course.heal(0, 25.2, "unpaused worker2", {"worker0": 520, "worker1": 490})
     assert course.heal_due(40.0) == [], "healed once"
     course.note_steps({"worker0": 900})
@@ -40,7 +40,27 @@ def test_a_lasting_fault_is_healed_after_its_time_and_notes_the_steps_made_meanw
     assert row == {"fault": "pause worker2 at step 100 for 15s", "what": "pause worker2", "planned": "step 100",
                    "hit_s": 8.0, "hit_step": 104, "done": "paused worker2", "error": None, "healed_s": 23.2,
                    "healed": "unpaused worker2", "back_s": None,
-                   "during": {"worker0": [90, 520], "worker1": [104, 490]}}
+                   "during": {"worker0": [90, 520], "worker1": [104, 490], "worker2": [None, None]}}
+
+
+def test_a_worker_still_starting_when_a_fault_hits_is_in_its_record_with_the_steps_it_made_while_it_was_on() -> None:
+    """A loaded host (a fresh clone's run): worker0 reached step 100 before worker1 had taken its first step, and
+    worker1 then trained while worker2 was paused. The record left it out, as if it had done nothing: the drill
+    test found it so (KeyError 'worker1'). The paused worker, which had reported no step either, says none."""
+    from rich.console import Console
+
+    from tflab.cli.views import drill_table
+
+    course = drills("pause worker2 at step 100 for 15s")
+    assert course.due(10.0, 2.0, 100, {"worker0": 100, "worker1": None, "worker2": None}) == [0]
+    course.hit(0, 10.0, 10.3, "paused worker2", None)
+    course.note_steps({"worker0": 300, "worker1": 180, "worker2": None})
+    course.heal(0, 25.2, "unpaused worker2", {"worker0": 420, "worker1": 310, "worker2": None})
+    rows = course.rows(2.0)
+    assert rows[0]["during"] == {"worker0": [100, 420], "worker1": [None, 310], "worker2": [None, None]}
+    console = Console(width=250, record=True)
+    console.print(drill_table(rows))
+    assert "worker0 100→420, worker1 no step→310, worker2 no step" in console.export_text()
 
 
 def test_a_fault_hits_when_the_injector_begins_at_the_steps_it_fell_due_at_however_long_the_injector_takes() -> None:

@@ -162,6 +162,14 @@ def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
     return table
 
 
+def steps_while_on(hit: int | None, ended: int | None) -> str:
+    """'100→420': a worker's steps when a fault hit and when it ended; 'no step→310': it reported its first while
+    the fault was on; 'no step': none at all."""
+    if hit is None and ended is None:
+        return "no step"
+    return f"{'no step' if hit is None else hit}→{ended}"
+
+
 def drill_table(rows: Sequence[Mapping]) -> Table:
     """A run's drill as run.json keeps it: each fault, when it hit, what was done, what followed."""
     table = Table(title="drill")
@@ -177,7 +185,8 @@ def drill_table(rows: Sequence[Mapping]) -> Table:
             then.append(f"{row.get('healed') or 'healed'} at {row['healed_s']:.1f}s")
         if row.get("back_s") is not None:
             then.append(f"back at {row['back_s']:.1f}s")
-        during = ", ".join(f"{node} {a}→{b}" for node, (a, b) in sorted((row.get("during") or {}).items()))
+        during = ", ".join(f"{node} {steps_while_on(*steps)}"
+                           for node, steps in sorted((row.get("during") or {}).items()))
         table.add_row(row.get("what") or row.get("fault", "?"), str(row.get("planned", "-")), hit,
                       row.get("error") or row.get("done") or "-", "; ".join(then) or "-", during or "-")
     return table

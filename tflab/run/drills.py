@@ -32,7 +32,9 @@ class DrillState:
     healed_t: float | None = None
     healed: str | None = None
     back_t: float | None = None  # its node came back (then restart, a restart, or --restarts)
-    during: dict[str, list[int]] = field(default_factory=dict)  # node -> [step when it hit, step when it ended]
+    # node -> [its step when it hit, its step when it ended]; None: it had reported no step yet (a worker still
+    # starting when the run reached the fault's step is in it too: what it did while the fault was on is news)
+    during: dict[str, list[int | None]] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -77,7 +79,7 @@ class Drills:
         state = self.states[index]
         state.hit_t, state.applied_t, state.done, state.error = began, applied, done, error
         state.hit_step = state.due_step
-        state.during = {node: [value, value] for node, value in state.due_steps.items() if value is not None}
+        state.during = {node: [value, value] for node, value in state.due_steps.items()}
 
     def heal(self, index: int, t: float, what: str | None, steps: Mapping[str, int | None]) -> None:
         state = self.states[index]
