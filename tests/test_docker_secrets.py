@@ -14,7 +14,8 @@ import pytest
 import suite_base
 from conftest import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits]
+# No lab: it builds, saves and reads images (scripts/test.sh runs it with the image tests, beside the swarm tests).
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.waits, pytest.mark.builds]
 
 
 def saved_images_hold(needles: list[bytes], *images: str) -> set[bytes]:
