@@ -152,6 +152,13 @@ def free_port_base(count: int, low: int = 40000, high: int = 60000) -> int:
     raise RuntimeError("no free port range found")
 
 
+def node_image_of(built_stdout: str) -> str:
+    """The node image's tag in what `tflab build` printed ('built tflab-node:…', or 'tflab-node:… is up to date')."""
+    tags = [word for word in built_stdout.split() if word.startswith("tflab-node:")]
+    assert tags, built_stdout
+    return tags[0]
+
+
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` with its content (to show a failed command wrote nothing)."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

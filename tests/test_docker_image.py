@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import cli, node_image_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.waits]
 
@@ -54,7 +54,7 @@ def test_saved_image_holds_no_private_key_and_no_root_password(labs, runner, tmp
     lab = labs.gen(nodes=1)
     built = runner.invoke(cli, ["build", "--lab", str(lab)])
     assert built.exit_code == 0, built.stderr
-    tag = next(word for word in built.stdout.split() if word.startswith("tflab-node:"))
+    tag = node_image_of(built.stdout)
     saved = tmp_path / "image.tar"
     subprocess.run(["docker", "save", "-o", str(saved), tag], check=True)
     # The key's last line of base64 before its footer holds private key bytes unique to this key

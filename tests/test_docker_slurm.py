@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli
+from conftest import REPO, cli, node_image_of
 from test_docker_run import add_tasks
 
 from tflab.host import labfiles
@@ -78,9 +78,7 @@ def cluster(labs, runner):
     # its node image, built as `up` builds it (no node of it runs: the jobs run on the cluster's)
     built = runner.invoke(cli, ["build", "--lab", str(lab)])
     assert built.exit_code == 0, built.stdout + built.stderr
-    tag = re.search(r"\b(tflab-node:[0-9a-f]+) ", built.stdout)
-    assert tag, built.stdout
-    image = tag.group(1)
+    image = node_image_of(built.stdout)
     lf = labfiles.open_lab(lab)
     memory = max(n.share.memory_mib or 0 for n in lf.lab.nodes) or 2048
     name = f"tflab-slurm-{uuid.uuid4().hex[:6]}"
