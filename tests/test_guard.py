@@ -590,6 +590,64 @@ def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(gua
     assert verb("warm", env=env) == 0, "the standby itself goes on"
 
 
+SETS_BEFORE_IMPORT = """import os, sys
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as programs written for Keras 2 do
+import tensorflow
+print("keras at import:", tensorflow.LEGACY_KERAS, "| imported by this process:", tensorflow.IMPORTED_IN == os.getpid(),
+      "| argv:", sys.argv[1:], "| folder:", os.getcwd(), flush=True)
+sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("mode", ["cold", "warm", "preload"])
+def test_a_program_that_sets_an_import_time_variable_gets_what_a_cold_start_gives_it(
+        guard, standbys, python: Path, env, state: Path, tmp_path: Path, mode: str) -> None:
+    """A program that sets TF_USE_LEGACY_KERAS before it imports TensorFlow: run cold, it is read at the import; handed
+    to the warm interpreter (or preloaded), TensorFlow was imported before it ran, so it is started again in a new
+    interpreter, says so, and prints what it prints cold. Its ending is its own."""
+    env = fake_tensorflow(tmp_path, env)
+    init = tmp_path / "site" / "tensorflow" / "__init__.py"
+    init.write_text("import os\nLEGACY_KERAS = os.environ.get('TF_USE_LEGACY_KERAS')\n" + init.read_text())
+    program = tmp_path / "prog" / "keras2.py"
+    program.parent.mkdir()
+    program.write_text(SETS_BEFORE_IMPORT)
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    if mode == "warm":
+        standbys(env)
+    options = {"cold": [], "warm": ["--warm"], "preload": ["--wait-for-go", "--preload"]}[mode]
+    child = guard("run", f"run:t:{mode}", *options, "--shell", f"{python.name} {program} a 'b c'", env=env, cwd=cwd,
+                  stderr=subprocess.PIPE)
+    out = released(child) if mode == "preload" else ended(child)
+    said = child.stderr.read()
+    assert out == f"keras at import: 1 | imported by this process: True | argv: ['a', 'b c'] | folder: {cwd}\n"
+    assert child.returncode == 4
+    assert Ending.from_json((state / f"run:t:{mode}.exit").read_text()) == Ending(4, None, "exited")
+    if mode == "cold":
+        assert said == ""
+    else:
+        assert said == ("tflab: keras2.py sets TF_USE_LEGACY_KERAS before it imports TensorFlow: started again in a new "
+                        "Python, as a cluster's machine runs it (this node's warm interpreter had imported TensorFlow "
+                        "without it)\n")
+
+
+def test_what_a_program_sets_after_its_import_or_that_changes_nothing_keeps_it_warm(
+        guard, standbys, python: Path, env, tmp_path: Path) -> None:
+    """Only a change before the import starts a program again: a variable set to the value it has, one read later
+    (TF_CONFIG), the log level, anything set once TensorFlow is imported, and other variables leave it warm."""
+    env = fake_tensorflow(tmp_path, {**env, "TF_XLA_FLAGS": "--x"})
+    standbys(env)
+    program = tmp_path / "late.py"
+    program.write_text(
+        "import os\nos.environ['TF_XLA_FLAGS'] = '--x'\nos.environ['TF_CONFIG'] = '{}'\n"
+        "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\nos.environ['GREETING'] = 'hi'\n"
+        "from tensorflow import IMPORTED_IN\nos.environ['TF_USE_LEGACY_KERAS'] = '1'\ndel os.environ['TF_XLA_FLAGS']\n"
+        "import tensorflow\nprint(IMPORTED_IN != os.getpid(), os.environ['TF_USE_LEGACY_KERAS'])\n")
+    child = guard("run", "run:t:late", "--warm", "--shell", f"{python.name} {program}", env=env, stderr=subprocess.PIPE)
+    assert ended(child) == "True 1\n" and child.returncode == 0
+    assert child.stderr.read() == "", "no word of a new start: it ran warm"
+
+
 class Standby:
     """A standby started for a test: `keeper` is the process started (its parent), `pid` the interpreter."""
 
@@ -790,6 +848,8 @@ def test_a_nodes_traffic_is_counted_once_on_a_shaped_link(tmp_path: Path) -> Non
 # -- how a process ends, warm and cold (issue 35: the table of endings) ----------------------------------
 
 ENDING_PROGRAM = """import os, signal, sys, time
+if sys.argv[2:] == ["sets"]:
+    os.environ["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=2"  # read as TensorFlow is imported: a new interpreter's
 import tensorflow
 print(os.getpid(), flush=True)
 how = sys.argv[1]
@@ -819,10 +879,13 @@ ENDINGS = {
 }
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("warm", [False, True, "again"], ids=["cold", "warm", "warm-started-again-cold"])
 @pytest.mark.parametrize("how", sorted(ENDINGS))
 def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, standbys, python: Path, env, state: Path,
-                                                      tmp_path: Path, how: str, warm: bool) -> None:
+                                                      tmp_path: Path, how: str, warm: bool | str) -> None:
+    """The same ending read the same: a program run cold, one forked from the warm interpreter, and one handed to the
+    warm interpreter that sets an import-time variable first, and so is started again in a new interpreter (whose
+    parent, the warm copy, ends as it ended)."""
     import signal
 
     env = fake_tensorflow(tmp_path, env)
@@ -831,13 +894,15 @@ def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, standbys, pyt
     standby = standbys(env) if warm else None
     sender, expected = ENDINGS[how]
     child = guard("run", "run:t:worker0", *(["--warm"] if warm else []), "--grace", "2", "--shell",
-                  f"{python.name} {program} {how}", env=env, stderr=subprocess.DEVNULL)
+                  f"{python.name} {program} {how}{' sets' if warm == 'again' else ''}", env=env,
+                  stderr=subprocess.DEVNULL)
     with renewing(child):  # tflab is there throughout: the ending is the program's own, never a lapse
         pid = int(child.stdout.readline())
         if sender is not None:  # (the others may have ended already)
             owners = children_of(standby.pid) if standby is not None else [child.pid]
-            assert ppid_of(pid) in owners, "the program is its owner's child (its claim's, forked by the standby, " \
-                                           "or its guard)"
+            parent = ppid_of(ppid_of(pid)) if warm == "again" else ppid_of(pid)
+            assert parent in owners, "the program is its owner's child (its claim's, forked by the standby, or its " \
+                                     "guard), or the child of the warm copy that started it again"
         if sender == "stop":
             child.stdin.write("stop\n")
             child.stdin.flush()

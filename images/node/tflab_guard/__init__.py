@@ -39,7 +39,8 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
 
 The jobs, a module each: `protocol` (what host and guard say), `registry` (records),
 `groups` (process groups), `commands` (how a command line is run), `connection` (tflab's
-words), `supervise` (owned processes), `standby` (the warm interpreter and its owner),
+words), `supervise` (owned processes), `standby` (the warm interpreter and its owner), `coldstart` (a
+program that sets TensorFlow's import-time variables, started again in a new interpreter),
 `leases`, `stopping`, `memory` (OOM kills), `metrics`, `proctitle`, `probe`, `busy` (whether a
 process group uses the CPU), and `cli`.
 """

@@ -124,11 +124,15 @@ def command_line(argv):
 
 def run_program(argv):
     """`python script.py args` in this interpreter: the script as __main__, with its own argv and path."""
+    from tflab_guard import coldstart
+
     script = argv[1]
+    watch = coldstart.Watch(argv)
     sys.argv = argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
     try:
+        watch.start()  # what it sets before it imports TensorFlow may need a new interpreter
         runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
@@ -144,6 +148,7 @@ def run_program(argv):
             own = own.tb_next
         traceback.print_exception(kind, error, own or frames)
         code = 1
+    watch.stop()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
