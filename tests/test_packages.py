@@ -103,8 +103,10 @@ def test_a_pinned_version_the_index_lacks_for_the_bases_python_is_refused_naming
 
 def test_the_install_command_holds_names_and_paths_only() -> None:
     argv = packages.install_argv(cfg.Packages(pip=("tabulate", "-r requirements.txt"), apt=("jq", "graphviz")))
-    assert argv[:2] == ["sh", "-c"] and argv[3:] == ["tflab-packages", buildsettings.BUILD_MOUNT, "jq graphviz",
+    assert argv[:2] == ["sh", "-c"] and argv[3:] == ["tflab-packages", buildsettings.BUILD_MOUNT, "jq graphviz", "",
                                                      "tabulate", "-r", "requirements.txt"]
+    assert packages.install_argv(cfg.Packages(), keras=2)[3:] == ["tflab-packages", buildsettings.BUILD_MOUNT, "",
+                                                                  "--keras 2"]
     pip_output = ("Collecting tabulatte\n  ERROR: Could not find a version that satisfies the requirement tabulatte "
                   "(from versions: none)\nERROR: No matching distribution found for tabulatte\n")
     assert packages.failure_line(pip_output).startswith("ERROR: Could not find a version that satisfies the "
@@ -124,8 +126,9 @@ def test_the_files_naming_the_packages_are_told_apart_from_the_node_files_and_tr
     from tflab.engine.node_image import tar_context
     from tflab.render import image_files
 
-    # the two fields packages_files reads
-    config = SimpleNamespace(packages=cfg.Packages(pip=("-r requirements.txt",), apt=("jq",)), tensorflow=None)
+    # the fields packages_files reads
+    config = SimpleNamespace(packages=cfg.Packages(pip=("-r requirements.txt",), apt=("jq",)), tensorflow=None,
+                             installs=True, keras=None)
     named = image_files.packages_files(config, {"requirements.txt": b"tabulate\n", "extra/more.txt": b"toolz\n"})
     assert sorted(named) == ["packages.json", "requirements/extra/more.txt", "requirements/requirements.txt"]
     assert all(image_files.is_packages_file(name) for name in named)

@@ -115,3 +115,28 @@ def test_doctor_says_whether_sbatch_is_reachable_and_which_runtime(tmp_path: Pat
         (tmp_path / tool).chmod(0o755)
     check = doctor._slurm()
     assert check.status == "ok" and check.detail == "slurm 22.05.8 reachable; container runtime: enroot (--container pyxis)"
+
+
+@pytest.mark.parametrize("proxied", [False, True], ids=["no-proxy", "behind-a-proxy"])
+def test_where_the_nodes_carry_proxies_no_proxy_names_the_jobs_hosts(proxied: bool) -> None:
+    """Many clusters set proxy variables on their machines; gRPC honours http_proxy: the script's own lines, run by bash
+    with an allocation's hosts, add them to NO_PROXY and no_proxy after what was there, and leave a job without
+    proxies as it was."""
+    lab, config = lab_and_config(nodes=3)
+    text = slurm.render(config, lab, CLASSIC)
+    start = text.index("# Where the nodes carry proxy variables")
+    end = text.index('PS_HOSTS="')
+    proxies = "export http_proxy=http://proxy.corp:3128 no_proxy=.corp\n" if proxied else "unset NO_PROXY no_proxy\n"
+    probe = ("unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY grpc_proxy all_proxy ALL_PROXY\n" + proxies
+             + "HOSTS=(c1 c2 c10)\n" + text[start:end] + 'echo "${NO_PROXY-unset}|${no_proxy-unset}"\n')
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected = ".corp,c1,c2,c10,localhost,127.0.0.1,::1" if proxied else "unset"
+    assert done.stdout == f"{expected}|{expected}\n"
+
+
+def test_keras_2_reaches_every_step() -> None:
+    lab, config = lab_and_config(nodes=2)
+    assert "TF_USE_LEGACY_KERAS" not in slurm.render(config, lab, CLASSIC)
+    text = slurm.render(cfg.LabConfig(**{**config.__dict__, "keras": 2}), lab, CLASSIC)
+    assert "export TFLAB_TASK=train PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 TF_USE_LEGACY_KERAS=1\n" in text

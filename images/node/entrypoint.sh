@@ -35,8 +35,8 @@ chmod 600 /root/.ssh/config
 # where RSA keys would hold up every `up`).
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
 
-# SSH sessions see what `docker exec` sees: TF_CONFIG, TFLAB_*, PATH and the CUDA variables.
-env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|TF_NUM_(INTRA|INTER)OP_THREADS|OMP_NUM_THREADS|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED|LANG)=' \
+# SSH sessions see what `docker exec` sees: TF_CONFIG, TFLAB_*, PATH, the CUDA variables, Keras 2's switch, proxies.
+env | grep -E '^(TF_CONFIG|TFLAB_[A-Z_]*|TF_CPP_MIN_LOG_LEVEL|TF_NUM_(INTRA|INTER)OP_THREADS|TF_USE_LEGACY_KERAS|OMP_NUM_THREADS|PATH|LD_LIBRARY_PATH|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|PYTHONUNBUFFERED|LANG|(HTTPS?|FTP|ALL|NO)_PROXY|(https?|ftp|all|no|grpc)_proxy)=' \
     > /root/.ssh/environment || true
 sed 's/^\([^=]*\)=\(.*\)$/export \1='"'"'\2'"'"'/' /root/.ssh/environment > /etc/profile.d/tflab.sh
 

@@ -66,6 +66,7 @@ def gen(
     pip: Annotated[list[str] | None, typer.Option("--pip", help="A pip requirement the lab's code needs (pandas, numpy<2, -r FILE of the code folder); repeatable. A requirements.txt in the code folder is taken by itself.", rich_help_panel="Images, code and data")] = None,
     apt: Annotated[list[str] | None, typer.Option("--apt", help="A Debian/Ubuntu package the lab's code needs (libsndfile1); repeatable.", rich_help_panel="Images, code and data")] = None,
     tensorflow: Annotated[str | None, typer.Option("--tensorflow", help="Pin TensorFlow to this version (2.15.0): the official image of that version, or tflab's own base with it (default: the base's own).", rich_help_panel="Images, code and data")] = None,
+    keras: Annotated[str | None, typer.Option("--keras", help="2: Keras 2 (tf-keras of the image's TensorFlow, TF_USE_LEGACY_KERAS=1 in every node) for programs written for it; TensorFlow 2.16 and later ship Keras 3 (default: the TensorFlow's own Keras).", rich_help_panel="Images, code and data")] = None,
     name: Annotated[str | None, typer.Option(help="Lab name (default: the folder's name).", rich_help_panel="The lab")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing lab (its code/ and data/ stay).", rich_help_panel="The lab")] = False,
     lab: LabOption = Path("."),
@@ -77,7 +78,7 @@ def gen(
         ssh_port_base=ssh_port_base, tensorboard_port_base=tensorboard_port_base, bind=bind, base=base, code=code,
         data=data, data_mode=data_mode, runs=runs, shm_size=shm_size, link_rate=link_rate, link_delay=link_delay,
         faults=faults, warm=warm, target=target, place=place or [], registry=registry, pip=pip or [],
-        apt=apt or [], tensorflow=tensorflow, name=name, force=force,
+        apt=apt or [], tensorflow=tensorflow, keras=keras, name=name, force=force,
     )
     made = make_lab(request, lab_is_up=running_here)
     written, config, listed = made.files, made.config, made.gpus

@@ -121,7 +121,7 @@ def status(lab: LabOption = Path(".")) -> None:
 
 
 def image_packages(side: LabBackend, node: str) -> str:
-    """What the running node image holds of the lab's own: its packages and pinned TensorFlow, as built."""
+    """What the running node image holds of the lab's own: its packages, pinned TensorFlow and Keras 2, as built."""
     try:
         code, text = side.executor([node], "docker").run(node, ["cat", f"{packages.SHARE}/{image_files.PACKAGES_FILE}"])
         doc = json.loads(text) if code == 0 else {}
@@ -129,7 +129,8 @@ def image_packages(side: LabBackend, node: str) -> str:
         return f"packages: cannot read them in {node}'s image"
     parts = [f"pip: {', '.join(doc['pip'])}" if doc.get("pip") else "",
              f"apt: {', '.join(doc['apt'])}" if doc.get("apt") else "",
-             f"TensorFlow {doc['tensorflow']} (pinned)" if doc.get("tensorflow") else ""]
+             f"TensorFlow {doc['tensorflow']} (pinned)" if doc.get("tensorflow") else "",
+             "Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1)" if doc.get("keras") == 2 else ""]
     said = "; ".join(p for p in parts if p)
     return f"packages in the running image: {said}" if said else "packages in the running image: none of the lab's own"
 

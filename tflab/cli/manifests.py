@@ -3,6 +3,7 @@ or as a Slurm batch script."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,8 @@ import typer
 
 from tflab.cli.common import LabOption, err_console, open_lab
 from tflab.errors import UserError
+from tflab.host import dockerconfig
+from tflab.plan import proxies
 from tflab.render import k8s, slurm
 
 
@@ -24,7 +27,7 @@ def k8s_(
 ) -> None:
     """Write the lab as a Kubernetes manifest, validated (strictly) against the CRD schemas first."""
     lf = open_lab(lab)
-    text = k8s.render_manifest(lf.config, lf.lab, kind, image, task, runs_claim, namespace)
+    text = k8s.render_manifest(lf.config, lf.lab, kind, image, task, runs_claim, namespace, node_proxies())
     if output is None:
         typer.echo(text, nl=False)
         return
@@ -33,6 +36,13 @@ def k8s_(
 
 
 
+
+
+def node_proxies() -> dict[str, str]:
+    """The proxy variables a cluster's pods would carry, as far as this host can tell: its own environment's and
+    those the Docker client puts into containers."""
+    return {**{name: os.environ[name] for name in proxies.PROXY_VARS + proxies.NO_PROXY_VARS if os.environ.get(name)},
+            **dockerconfig.container_proxies()}
 
 
 def slurm_(

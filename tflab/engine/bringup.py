@@ -138,12 +138,13 @@ def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, 
     tag = lf.image_tag(base_image_.id)
     if not force and image_exists(client, tag):
         return BuildResult(tag, client.images.get(tag).id, built=False)
-    target = f"tflab-node-stage:{tag.rsplit(':', 1)[1]}" if config.packages else tag
+    buildsettings.check_keras_2(config.tensorflow, config.keras, proc.run)
+    target = f"tflab-node-stage:{tag.rsplit(':', 1)[1]}" if config.installs else tag
     named = {name: content for name, content in context.items() if image_files.is_packages_file(name)}
     node_context = {name: content for name, content in context.items() if name not in named}
     carried = {}  # the files naming the packages, where the packages' install puts them (no Dockerfile build did)
     if (node_image.is_local_base(base) and carries_node_files(base_image_, node_context, lf)
-            and (config.packages or not named)):
+            and (config.installs or not named)):
         # tflab's own base carries the node's files already: it is the node image as it is, or the stage its
         # packages are installed on (a Dockerfile build would only copy the same files again: 30 s here).
         base_image_.tag(*target.rsplit(":", 1))
@@ -152,12 +153,12 @@ def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, 
     else:
         built = node_image.build_node(client, context, target, base, progress, force=force,
                                       proxies=buildsettings.proxy_build_args(os.environ))
-    if not config.packages:
+    if not config.installs:
         return built
     try:
         entrypoint = client.images.get(target).attrs.get("Config", {}).get("Entrypoint") or []
         return packages.install(client, target, tag, config.packages, buildsettings.pip_settings(proc.run, os.environ),
-                                entrypoint, progress, files=carried)
+                                entrypoint, progress, files=carried, keras=config.keras)
     finally:
         try:
             client.images.remove(target)  # the packages' image keeps its layers; this name goes

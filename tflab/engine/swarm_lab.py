@@ -30,7 +30,7 @@ from tflab.engine.bringup import interactive_exec
 from tflab.engine.containers import lab_containers, labelled, lines_of, state_of
 from tflab.engine.executors import DockerExecutor, Executor, SshExecutor, ssh_argv
 from tflab.errors import CommandError, EngineError, TflabError, UserError
-from tflab.host import proc
+from tflab.host import dockerconfig, proc
 from tflab.host.fanout import merged, parallel
 from tflab.host.labfiles import LabFiles
 from tflab.render import schemas, templates
@@ -129,7 +129,7 @@ class SwarmLab:
     def render(self, image: str) -> str:
         """The stack file's text, checked against the v3.13 schema and the keys stack deploy ignores."""
         text = templates.stack_file(self.lf.lab, self.lf.config, self.lf.root, image, self.secret_names(),
-                                    self.lf.project)
+                                    self.lf.project, dockerconfig.container_proxies())
         problems = schemas.stack_problems(yaml.safe_load(text))
         if problems:
             raise TflabError(f"tflab wrote a stack file `docker stack deploy` would not take: {problems[0]}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tflab.errors import CommandError, UserError
+from tflab.host import dockerconfig
 from tflab.host.proc import Runner
 
 APT_SOURCES = [Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d")]
@@ -142,6 +143,9 @@ def pip_settings(
     for name in PROXY_VARS:
         if environ.get(name):
             env[name] = environ[name]
+    for name, value in dockerconfig.container_proxies(environ).items():
+        if name in PROXY_VARS and not env.get(name):
+            env[name] = value  # what `docker build` hands a build from the Docker client's configuration
     if index_url:
         env["PIP_INDEX_URL"] = index_url
     bundle = ca_bundle or next(
@@ -211,3 +215,14 @@ def index_versions(run: Runner, package: str, python: tuple[int, int]) -> list[s
         return None
     match = re.search(r"^Available versions: (.*)$", out, re.MULTILINE)
     return [v.strip() for v in match.group(1).split(",")] if match else None
+
+
+def check_keras_2(tensorflow: str | None, keras: int | None, run: Runner) -> None:
+    """Before anything is built: Keras 2 for a pinned TensorFlow of 2.16 or later needs the tf-keras of its release on
+    the host's package index (tf-keras is one wheel for every Python 3: asked for this host's)."""
+    import sys
+
+    from tflab.plan import config as cfg
+
+    if keras == 2 and tensorflow and cfg.ships_keras_3(tensorflow):
+        cfg.check_tf_keras(tensorflow, index_versions(run, "tf-keras", (sys.version_info[0], sys.version_info[1])))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tflab.errors import UserError
+from tflab.host import dockerconfig
 from tflab.plan import config as cfg
 from tflab.plan import shares
 from tflab.plan.config import LAB_FILE, LabConfig, Task
@@ -138,7 +139,8 @@ class LabFiles:
 
     def write_compose(self, image: str) -> bool:
         """Write the compose file again from tflab.yaml, naming `image`; True when it changed."""
-        text = templates.compose_file(self.lab, self.config, self.root, image, self.project)
+        text = templates.compose_file(self.lab, self.config, self.root, image, self.project,
+                                      dockerconfig.container_proxies())
         if self.compose_path.is_file() and self.compose_path.read_text() == text:
             return False
         self.compose_path.write_text(text)
@@ -246,7 +248,8 @@ def write_lab(config: LabConfig, root: Path, force: bool,
     lab_yaml = to_yaml(config)
     context = image_files.image_context(config)
     project = project_of(root, config.name)  # an existing lab's (gen --force) stays its own
-    compose = templates.compose_file(lab, config, root, image_files.image_tag(context), project)
+    compose = templates.compose_file(lab, config, root, image_files.image_tag(context), project,
+                                     dockerconfig.container_proxies())
     from tflab.host import keys  # cryptography: only gen needs it
 
     pair = keys.new_key_pair(f"tflab-{config.name}")

@@ -53,6 +53,7 @@ class LabRequest:
     pip: list[str] = field(default_factory=list)
     apt: list[str] = field(default_factory=list)
     tensorflow: str | None = None
+    keras: str | int | None = None
     name: str | None = None
     force: bool = False
 
@@ -117,12 +118,14 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
                        "--name" if request.name else "the lab's name (its folder's)")
     cfg.check_image_ref(request.base, "--base")
     packages = lab_packages(request.pip, request.apt, (root / code).resolve())
+    keras = cfg.check_keras(request.keras) if request.keras is not None else None
     if request.tensorflow is not None:
         cfg.check_tensorflow(request.tensorflow)
         if request.base == "local":
             mirror = buildsettings.parse_apt_sources(buildsettings.read_apt_sources())
             cfg.check_tensorflow(request.tensorflow, mirror.python,
                                  f" (tflab's own base: Debian/Ubuntu {mirror.suite})")
+        buildsettings.check_keras_2(request.tensorflow, keras, proc.run)
     config = cfg.LabConfig(
         name=request.name or root.name or "lab",
         target=request.target,
@@ -144,6 +147,7 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
         warm=request.warm,
         packages=packages,
         tensorflow=request.tensorflow,
+        keras=keras,
     )
     labfiles.check_paths(config, root, scaffold)  # the user's own folders are named before the host's ports
     if request.target == "compose":

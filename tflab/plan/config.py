@@ -104,6 +104,46 @@ def check_tensorflow(version: str, python: tuple[int, int] | None = None, where:
     return version
 
 
+# Keras: TensorFlow 2.16 and later ship Keras 3, on which ParameterServerStrategy and many published distributed
+# programs do not run. `--keras 2` installs tf-keras (the image's own TensorFlow's release of it) and switches
+# TensorFlow's `tf.keras` to it in every node; before 2.16, Keras 2 is TensorFlow's own.
+KERAS_CHOICES = (2,)
+LEGACY_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1"}
+FIRST_KERAS_3 = (2, 16)
+
+
+def check_keras(value: object, what: str = "--keras") -> int:
+    """`--keras 2`: Keras 2 (tf-keras) on today's TensorFlow; without it a lab has its TensorFlow's own Keras."""
+    if isinstance(value, bool) or str(value).strip() not in [str(choice) for choice in KERAS_CHOICES]:
+        raise UserError(f"{what} {value!r}: the choice is 2 (Keras 2, as tf-keras, for programs written for it; "
+                        "TensorFlow 2.16 and later ship Keras 3); without it a lab has its TensorFlow's own Keras")
+    return int(str(value).strip())
+
+
+def keras_env(keras: int | None) -> dict[str, str]:
+    """What every node sees for the lab's Keras: `TF_USE_LEGACY_KERAS=1` with Keras 2."""
+    return dict(LEGACY_KERAS_ENV) if keras == 2 else {}
+
+
+def ships_keras_3(tensorflow: str) -> bool:
+    """Whether a TensorFlow version's own Keras is Keras 3 (2.16 and later)."""
+    match = TF_VERSION.match(tensorflow)
+    return match is None or (int(match.group(1)), int(match.group(2))) >= FIRST_KERAS_3
+
+
+def check_tf_keras(tensorflow: str, available: list[str] | None) -> None:
+    """Before anything is built: Keras 2 for a pinned TensorFlow of 2.16 or later needs the tf-keras of its release
+    (`available`: the index's tf-keras versions, newest first; None where the index cannot be asked)."""
+    if available is None or not ships_keras_3(tensorflow):
+        return
+    match = TF_VERSION.match(tensorflow)
+    release = f"{match.group(1)}.{match.group(2)}" if match else tensorflow
+    if not any(v == release or v.startswith(release + ".") for v in available):
+        shown = ", ".join(available[:8]) + (", ..." if len(available) > 8 else "")
+        raise UserError(f"--keras 2 with TensorFlow {tensorflow}: the package index has no tf-keras {release} (it has "
+                        f"{shown or 'none'}); pin a TensorFlow it has one for, or leave --keras out (Keras 3)")
+
+
 @dataclass(frozen=True)
 class Packages:
     """What a lab's code needs beyond TensorFlow: pip requirements and Debian/Ubuntu packages."""
@@ -253,6 +293,12 @@ class LabConfig:
     faults: bool = False
     packages: Packages = Packages()  # installed into the node image, on top of its base
     tensorflow: str | None = None  # the TensorFlow version pinned (None: the base's own)
+    keras: int | None = None  # 2: Keras 2 (tf-keras) on TensorFlow 2.16 and later; None: the TensorFlow's own
+
+    @property
+    def installs(self) -> bool:
+        """Whether the node image gets a layer of its own on its base: the lab's packages, or Keras 2."""
+        return bool(self.packages) or self.keras == 2
 
     @property
     def net_admin(self) -> bool:

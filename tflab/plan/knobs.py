@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tflab.errors import UserError
-from tflab.plan import links, shares
+from tflab.plan import links, proxies, shares
 from tflab.plan.config import PLACEHOLDERS
 from tflab.plan.topology import Lab, Node, cluster_env, cluster_spec
 
@@ -201,12 +201,14 @@ def run_lab(lab: Lab, knobs: Knobs) -> Lab:
 
 
 def env_changes(lab: Lab, run: Lab, knobs: Knobs) -> dict[str, dict[str, str]]:
-    """Per node of the run, the variables its processes get besides the node's own: what the knobs changed."""
+    """Per node of the run, the variables its processes get besides the node's own: what the knobs changed (and
+    where `--env` sets a proxy, NO_PROXY naming the lab's nodes: their traffic to each other never goes there)."""
     changed: dict[str, dict[str, str]] = {}
+    lab_traffic = proxies.no_proxy_env(knobs.env, lab.names)
     for node in run.nodes:
         own = lab.node(node.name).env
         extra = {k: v for k, v in node.env.items() if own.get(k) != v}
-        changed[node.name] = {**extra, **knobs.env}
+        changed[node.name] = {**extra, **knobs.env, **lab_traffic}
     return changed
 
 

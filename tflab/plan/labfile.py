@@ -31,6 +31,7 @@ from tflab.plan.config import (
     check_apt,
     check_host_label,
     check_image_ref,
+    check_keras,
     check_one_line,
     check_pip,
     check_tensorflow,
@@ -164,6 +165,14 @@ def tensorflow(read: Reader, doc: dict, key: str, where: str) -> str | None:
     return value
 
 
+def keras(read: Reader, doc: dict, key: str, where: str) -> int | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    with said_as_the_files(read):
+        return check_keras(value, f"{where}.{key}")
+
+
 def placement(read: Reader, doc: dict, key: str, where: str) -> dict[str, str]:
     place = read.mapping(doc.get(key), f"{where}.{key}")
     for node, host in place.items():
@@ -259,6 +268,7 @@ SCHEMA: tuple[Key | Section, ...] = (
     Section("image", (
         Key("base", "base_image", string(AUTO_BASE, check=check_image_ref)),
         Key("tensorflow", "tensorflow", tensorflow),
+        Key("keras", "keras", keras),
         Key("shm_size", "shm_size", string("2g", check=shares.size_bytes)),
         Key("memlock", "memlock", integer(None, minimum=-1)),
     )),

@@ -61,9 +61,12 @@ REQUIREMENTS_DIR = "requirements"  # the code folder's requirements files, as th
 
 def packages_files(config: LabConfig, requirements: dict[str, bytes] | None = None) -> dict[str, bytes]:
     """The context's files that say the lab's packages (so that the image's tag changes with them)."""
-    if not config.packages and not config.tensorflow:
+    if not config.installs and not config.tensorflow:
         return {}
-    doc = {"pip": list(config.packages.pip), "apt": list(config.packages.apt), "tensorflow": config.tensorflow}
+    doc: dict[str, object] = {"pip": list(config.packages.pip), "apt": list(config.packages.apt),
+                              "tensorflow": config.tensorflow}
+    if config.keras is not None:
+        doc["keras"] = config.keras
     files = {PACKAGES_FILE: (json.dumps(doc, indent=1) + "\n").encode()}
     for name, content in sorted((requirements or {}).items()):
         files[f"{REQUIREMENTS_DIR}/{name}"] = content

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
 from tflab.errors import TflabError, UserError
 from tflab.plan import config as cfg
-from tflab.plan import tasks
+from tflab.plan import proxies, tasks
 from tflab.plan.shares import Share
 from tflab.plan.topology import GRPC_PORT, Lab, node_name
 from tflab.render import schemas, templates
@@ -108,13 +109,23 @@ def _quantity(size: str) -> str:
     return f"{templates.size_bytes(size) // 2**20}Mi"
 
 
-def _env(lab: Lab, task: cfg.Task, node: str) -> dict[str, str]:
+def _env(lab: Lab, task: cfg.Task, node: str, lab_wide: Mapping[str, str]) -> dict[str, str]:
     base = {k: v for k, v in lab.node(node).env.items() if k in ("PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL",
                                                                 "TFLAB_NUM_GPUS", "TFLAB_GPU_MEMORY_MB",
                                                                 "TFLAB_GPU_MEMORY_FRACTION", "TFLAB_NUM_CPUS",
                                                                 "TFLAB_MEMORY_MB", "OMP_NUM_THREADS",
                                                                 "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
-    return {**base, **tasks.task_env(task.name)}
+    return {**base, **lab_wide, **tasks.task_env(task.name)}
+
+
+# A TFJob's hosts are its pods' services, NAME-TYPE-INDEX.NAMESPACE.svc: no proxy for anything in the cluster.
+CLUSTER_DOMAINS = (".svc", ".svc.cluster.local")
+
+
+def lab_wide_env(config: cfg.LabConfig, hosts: list[str], node_proxies: Mapping[str, str] | None) -> dict[str, str]:
+    """What every pod sees of the lab's choices: Keras 2's switch; NO_PROXY naming the job's hosts where the pods
+    would carry proxy variables (`node_proxies`, as the nodes here do)."""
+    return {**cfg.keras_env(config.keras), **proxies.no_proxy_env(node_proxies or {}, hosts)}
 
 
 LIST_OPERATORS = {";", "&", "&&", "|", "||", "(", ")", ";;"}
@@ -152,9 +163,10 @@ def _metadata(name: str, config: cfg.LabConfig, namespace: str | None) -> dict[s
 
 
 def tfjob(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_claim: str,
-          namespace: str | None = None) -> dict[str, Any]:
+          namespace: str | None = None, node_proxies: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A Kubeflow TFJob: one replica spec per role; the operator writes each pod's TF_CONFIG."""
     name = job_name(config.name, 63)
+    lab_wide = lab_wide_env(config, list(CLUSTER_DOMAINS), node_proxies)
     specs: dict[str, Any] = {}
     for job, kind in TFJOB_TYPES.items():
         members = [n for n in lab.nodes if n.job == job]
@@ -162,7 +174,7 @@ def tfjob(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_clai
             continue
         values = {**RUNTIME_VALUES, "num_gpus": str(len(members[0].gpus)), "run_dir": tasks.run_dir(task.name)}
         line = f"{FROM_TF_CONFIG} && {exec_form(cfg.fill_placeholders(task.command, values))}"
-        container = _container(image, line, _env(lab, task, members[0].name), len(members[0].gpus),
+        container = _container(image, line, _env(lab, task, members[0].name, lab_wide), len(members[0].gpus),
                                members[0].share)
         specs[kind] = {
             "replicas": len(members),
@@ -188,12 +200,13 @@ def jobset_host(jobset: str, node: str) -> str:
 
 
 def jobset(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_claim: str,
-           namespace: str | None = None) -> dict[str, Any]:
+           namespace: str | None = None, node_proxies: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A JobSet: one replicated job per node, each with the TF_CONFIG tflab writes for it."""
     # Pod host names are JOBSET-NODE-0-0 and must stay a DNS label (63): leave room for the node.
     name = job_name(config.name, 40)
     hosts = {n.name: f"{jobset_host(name, n.name)}:{GRPC_PORT}" for n in lab.nodes}
     cluster = {job: [hosts[h.split(":")[0]] for h in members] for job, members in lab.cluster.items()}
+    lab_wide = lab_wide_env(config, [host.rsplit(":", 1)[0] for host in hosts.values()], node_proxies)
     replicated = []
     for node in lab.nodes:
         tf_config = {"cluster": cluster, "task": {"type": node.job, "index": node.task_index}}
@@ -206,7 +219,7 @@ def jobset(config: cfg.LabConfig, lab: Lab, image: str, task: cfg.Task, runs_cla
             "TF_CONFIG": json.dumps(tf_config),
             "TFLAB_NODE": node.name, "TFLAB_JOB_NAME": node.job, "TFLAB_TASK_INDEX": str(node.task_index),
             "TFLAB_PS_HOSTS": values["ps_hosts"], "TFLAB_WORKER_HOSTS": values["worker_hosts"],
-            **_env(lab, task, node.name),
+            **_env(lab, task, node.name, lab_wide),
         }
         line = cfg.fill_placeholders(task.command, values)
         container = _container(image, exec_form(line), env, len(node.gpus), node.share)
@@ -287,7 +300,7 @@ def problems_of(manifest: dict[str, Any]) -> list[str]:
 
 
 def render_manifest(config: cfg.LabConfig, lab: Lab, kind: str, image: str | None, task_name: str | None, runs_claim: str,
-                    namespace: str | None) -> str:
+                    namespace: str | None, node_proxies: Mapping[str, str] | None = None) -> str:
     """The validated manifest's YAML text (a UserError for any problem: nothing half-made is written)."""
     if kind not in KINDS:
         raise UserError(f"--kind must be tfjob or jobset, not {kind!r}")
@@ -300,7 +313,7 @@ def render_manifest(config: cfg.LabConfig, lab: Lab, kind: str, image: str | Non
         raise UserError(f"--namespace {namespace!r} is not a Kubernetes namespace: lower-case letters, digits "
                         "and -, starting and ending with a letter or digit, at most 63")
     task = pick_task(config, task_name)
-    manifest = (tfjob if kind == "tfjob" else jobset)(config, lab, image, task, runs_claim, namespace)
+    manifest = (tfjob if kind == "tfjob" else jobset)(config, lab, image, task, runs_claim, namespace, node_proxies)
     problems = problems_of(manifest)
     if problems:
         # The lab and the options were fine (checked above): a manifest that fails is tflab's own fault.

@@ -161,6 +161,12 @@ def render(config: cfg.LabConfig, lab: Lab, task: cfg.Task, container: str = "no
         f"NODES=({' '.join(n.name for n in lab.nodes)})",
         "declare -A HOST",
         'for i in "${!NODES[@]}"; do HOST[${NODES[$i]}]=${HOSTS[$i]}; done',
+        "# Where the nodes carry proxy variables (many clusters set them), gRPC would send the nodes' traffic to",
+        "# each other through the proxy: NO_PROXY names the job's hosts.",
+        'if [ -n "${http_proxy:-}${https_proxy:-}${HTTP_PROXY:-}${HTTPS_PROXY:-}${grpc_proxy:-}${all_proxy:-}${ALL_PROXY:-}" ]; then',
+        '    NO_PROXY=$(IFS=,; echo "${NO_PROXY:-}${NO_PROXY:+,}${no_proxy:-}${no_proxy:+,}${HOSTS[*]},localhost,127.0.0.1,::1")',
+        "    export NO_PROXY no_proxy=$NO_PROXY",
+        "fi",
     ]
     ps = [n.name for n in lab.nodes if n.job == "ps"]
     workers = [n.name for n in lab.nodes if n.job == "worker"]
@@ -214,7 +220,8 @@ def render(config: cfg.LabConfig, lab: Lab, task: cfg.Task, container: str = "no
                      "# The node image, as enroot names it (pushed to a registry the cluster reaches, or a .sqsh file).",
                      f"IMAGE=${{TFLAB_IMAGE:-{_q(image_ref)}}}"]
     lines += [
-        f"export TFLAB_TASK={task.name} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2",
+        f"export TFLAB_TASK={task.name} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2"
+        + "".join(f" {name}={value}" for name, value in cfg.keras_env(config.keras).items()),
         *env_paths,
         "declare -A PID=()",
         "start() {  # start() NODE JOB INDEX GPUS: one background step for a lab node",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from tflab import resources
 from tflab.plan import config as cfg
-from tflab.plan import links, shares
+from tflab.plan import links, proxies, shares
 from tflab.plan.config import COMPOSE_FILE, LabConfig
 from tflab.plan.topology import Lab
 
@@ -90,7 +91,15 @@ def node_values(lab: Lab) -> list[dict[str, Any]]:
     ]
 
 
-def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, project: str | None = None) -> str:
+def lab_env(lab: Lab, config: LabConfig, node_proxies: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every node sees beyond its own plan: its links' shaping, Keras 2's switch, and, where the nodes carry
+    proxy variables (`node_proxies`: what the Docker client puts into each container), NO_PROXY naming the lab."""
+    return {**links.environment(config.links), **cfg.keras_env(config.keras),
+            **proxies.no_proxy_env(node_proxies or {}, lab.names)}
+
+
+def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, project: str | None = None,
+                 node_proxies: Mapping[str, str] | None = None) -> str:
     """The compose file's text for `lab` (its project: the lab's own, else the one of its folder)."""
     return render(
         "docker-compose.yml.j2",
@@ -101,7 +110,7 @@ def compose_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, project
         memlock=config.memlock,
         bind=lab.topology.bind,
         volumes=volumes(config),
-        link_env=links.environment(config.links),
+        lab_env=lab_env(lab, config, node_proxies),
         net_admin=config.net_admin,
         compose_file=COMPOSE_FILE,
     )
@@ -111,7 +120,7 @@ size_bytes = shares.size_bytes
 
 
 def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_names: tuple[str, str],
-               project: str | None = None) -> str:
+               project: str | None = None, node_proxies: Mapping[str, str] | None = None) -> str:
     """The swarm stack file's text for `lab` (absolute paths: swarm does not read them relative)."""
     cfg.check_swarm_bind(lab.topology.bind)
     nodes = node_values(lab)
@@ -127,7 +136,7 @@ def stack_file(lab: Lab, config: LabConfig, lab_dir: Path, image: str, secret_na
         nodes=nodes,
         image=image,
         memlock=config.memlock,
-        link_env=links.environment(config.links),
+        lab_env=lab_env(lab, config, node_proxies),
         net_admin=config.net_admin,
         volumes=mounts,
         shm_bytes=size_bytes(config.shm_size),
