@@ -65,7 +65,7 @@ def test_dockerfile_names_its_base_and_bakes_no_key(tmp_path: Path) -> None:
         "ARG BASE_IMAGE=tflab-base:cpu", "FROM ${BASE_IMAGE}"]
     assert "id_ed25519" not in dockerfile and "/etc/tflab/keys" not in dockerfile
     assert sorted(p.name for p in lf.image_dir.iterdir()) == [
-        "Dockerfile", "entrypoint.sh", "fault.sh", "guard.pyz", "shape.sh", "sshd_config"]
+        "Dockerfile", "entrypoint.sh", "fault.sh", "guard.pyz", "one_tensorflow.py", "shape.sh", "sshd_config"]
     assert os.access(lf.image_dir / "guard.pyz", os.X_OK) and os.access(lf.image_dir / "shape.sh", os.X_OK)
 
 
