@@ -162,6 +162,32 @@ def test_port_already_taken(runner, tmp_path: Path) -> None:
     assert not (tmp_path / "lab").exists()
 
 
+def test_a_second_lab_takes_the_first_free_ranges_from_the_defaults_on(runner, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another lab holds 20022-20025 and 26006-26009 (and something else 20027): gen without port options takes the
+    next ranges that are free whole, says so, and keeps them in tflab.yaml."""
+    held = {*range(20022, 20026), 20027, *range(26006, 26010)}
+    monkeypatch.setattr(ports, "port_free", lambda host, port: port not in held)
+    result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "3"])
+    assert result.exit_code == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "lab" / "tflab.yaml").read_text())["ports"] == {
+        "ssh_base": 20028, "tensorboard_base": 26010, "bind": "127.0.0.1"}
+    assert ("ports: SSH 20028-20030, TensorBoard 26010-26012 (the first free from 20022 and 26006: something else "
+            "holds those; --ssh-port-base and --tensorboard-port-base choose)") in " ".join(result.stdout.split())
+    mine = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "mine"), "--nodes", "3", "--ssh-port-base", "20022"])
+    assert mine.exit_code == 2, "a base given and taken stays an error"
+    assert "port 127.0.0.1:20022 (SSH of ps0) is already in use" in mine.stderr
+
+
+@pytest.mark.real_ports
+def test_a_free_range_is_free_whole_on_the_host(tmp_path: Path) -> None:
+    with occupied_port() as sock:
+        port = sock.getsockname()[1]
+        assert ports.first_free_base("127.0.0.1", port - 1, 3, avoid=[port + 3]) == port + 4
+    with pytest.raises(Exception, match="no 3 free ports in a row from 65534"):
+        ports.first_free_base("127.0.0.1", 65534, 3)
+
+
 def test_existing_lab_without_force(runner, tmp_path: Path) -> None:
     lab = tmp_path / "lab"
     assert runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "2"]).exit_code == 0

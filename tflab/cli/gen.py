@@ -13,7 +13,7 @@ from tflab.host import labfiles
 from tflab.host.newlab import LabRequest, make_lab
 from tflab.plan import config as cfg
 from tflab.plan import shares
-from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE
+from tflab.plan.topology import LOOPBACK
 
 
 def folder_text(path: str) -> str:
@@ -47,8 +47,8 @@ def gen(
     share_gpus: Annotated[bool, typer.Option(help="Let several nodes share a GPU, each with a memory share.", rich_help_panel="Topology")] = False,
     cpus_per_node: Annotated[str, typer.Option(help="CPUs each node owns: auto (an even share, as whole CPUs of its GPUs' NUMA node; a fraction where the host has fewer CPUs than nodes), N, a fraction such as 0.5, or 0 (shared).", rich_help_panel="A node's resources")] = shares.AUTO,
     memory_per_node: Annotated[str, typer.Option(help="Memory each node owns: auto (an even share after a reserve for the host), a size such as 4g, or 0 (no limit).", rich_help_panel="A node's resources")] = shares.AUTO,
-    ssh_port_base: Annotated[int, typer.Option(help="Node i's SSH is published on this + i.", rich_help_panel="Ports")] = SSH_PORT_BASE,
-    tensorboard_port_base: Annotated[int, typer.Option(help="Node i's TensorBoard is published on this + i.", rich_help_panel="Ports")] = TENSORBOARD_PORT_BASE,
+    ssh_port_base: Annotated[int | None, typer.Option(help="Node i's SSH is published on this + i (default: the first free range from 20022 on).", rich_help_panel="Ports")] = None,
+    tensorboard_port_base: Annotated[int | None, typer.Option(help="Node i's TensorBoard is published on this + i (default: the first free range from 26006 on).", rich_help_panel="Ports")] = None,
     bind: Annotated[str, typer.Option(help="Host address ports are published on (beyond loopback is your choice).", rich_help_panel="Ports")] = LOOPBACK,
     base: Annotated[str, typer.Option(help="Base image: auto (the official TensorFlow image where its registry answers, else local), official, local (built by `tflab base`, no registry needed) or an image name.", rich_help_panel="Images, code and data")] = cfg.AUTO_BASE,
     code: Annotated[str | None, typer.Option(help="Folder copied to /workspace (default: the bundled examples, written to the lab's code/).", rich_help_panel="Images, code and data")] = None,
@@ -90,6 +90,8 @@ def gen(
     if picture is not None:
         out.print(picture)
     out.print(views.machines_text(written.lab, host))
+    if made.ports_note:
+        out.print(made.ports_note)
     if written.warm_off:
         out.print(written.warm_off)
     if shaped:

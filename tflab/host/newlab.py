@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tflab import resources
@@ -17,7 +17,7 @@ from tflab.host.labfiles import LabFiles
 from tflab.plan import config as cfg
 from tflab.plan import links, shares, taskfile
 from tflab.plan.gpus import Gpu, parse_gpu_list
-from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology, plan
+from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology, plan, roles
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class LabRequest:
     share_gpus: bool = False
     cpus_per_node: str = shares.AUTO
     memory_per_node: str = shares.AUTO
-    ssh_port_base: int = SSH_PORT_BASE
-    tensorboard_port_base: int = TENSORBOARD_PORT_BASE
+    ssh_port_base: int | None = None  # None: the first free range from SSH_PORT_BASE on (a compose lab)
+    tensorboard_port_base: int | None = None  # None: likewise from TENSORBOARD_PORT_BASE
     bind: str = LOOPBACK
     base: str = cfg.AUTO_BASE
     code: str | None = None
@@ -65,6 +65,7 @@ class NewLab:
     files: LabFiles
     config: cfg.LabConfig
     gpus: list[Gpu]  # the host's GPUs it split
+    ports_note: str | None = None  # why its ports are not the defaults, where another lab holds those
 
 
 def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda root: False) -> NewLab:
@@ -82,14 +83,15 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
     topology = Topology(
         nodes=request.nodes, ps=request.ps, chief=request.chief, evaluator=request.evaluator,
         gpus_per_node=request.gpus_per_node,
-        share_gpus=request.share_gpus, ssh_port_base=request.ssh_port_base,
-        tensorboard_port_base=request.tensorboard_port_base, bind=request.bind,
+        share_gpus=request.share_gpus, ssh_port_base=request.ssh_port_base or SSH_PORT_BASE,
+        tensorboard_port_base=request.tensorboard_port_base or TENSORBOARD_PORT_BASE, bind=request.bind,
         cpus_per_node=shares.check_cpu_choice(request.cpus_per_node),
         memory_per_node=shares.check_memory_choice(request.memory_per_node),
     )
     root = request.root.resolve()
     if (root / cfg.LAB_FILE).exists() and not request.force:
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
+    topology, ports_note = free_ports(request, topology)
     scaffold: dict[str, dict[str, bytes]] = {}
     if request.code is None:
         examples = resources.example_files()
@@ -159,11 +161,34 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
             )
         except UserError:
             if lab_is_up(root):
-                raise UserError(f"the lab in {root} is up: `tflab down --lab {root}` first, then gen --force "
-                                "(its nodes hold its ports)") from None
+                raise holds_its_ports(root) from None
             raise
+        if ports_note and lab_is_up(root):  # its ports were taken: by the lab here itself, maybe
+            raise holds_its_ports(root)
     written = labfiles.write_lab(config, root, request.force, scaffold, planned=planned)
-    return NewLab(written, config, listed)
+    return NewLab(written, config, listed, ports_note)
+
+
+def holds_its_ports(root: Path) -> UserError:
+    return UserError(f"the lab in {root} is up: `tflab down --lab {root}` first, then gen --force (its nodes hold "
+                     "its ports)")
+
+
+def free_ports(request: LabRequest, topology: Topology) -> tuple[Topology, str | None]:
+    """The topology with the ports of a compose lab whose bases were not given: the first free ranges from the
+    defaults on (another lab may hold those), and a note of them where they are not the defaults."""
+    if request.target != "compose" or (request.ssh_port_base is not None and request.tensorboard_port_base is not None):
+        return topology, None
+    count = len(roles(topology))
+    ssh = request.ssh_port_base or ports.first_free_base(request.bind, SSH_PORT_BASE, count)
+    board = request.tensorboard_port_base or ports.first_free_base(request.bind, TENSORBOARD_PORT_BASE, count,
+                                                                   avoid=range(ssh, ssh + count))
+    if (ssh, board) == (topology.ssh_port_base, topology.tensorboard_port_base):
+        return topology, None
+    return replace(topology, ssh_port_base=ssh, tensorboard_port_base=board), (
+        f"ports: SSH {ssh}-{ssh + count - 1}, TensorBoard {board}-{board + count - 1} (the first free from "
+        f"{SSH_PORT_BASE} and {TENSORBOARD_PORT_BASE}: something else holds those; --ssh-port-base and "
+        "--tensorboard-port-base choose)")
 
 
 def host_gpus(spec: str | None) -> list[Gpu]:

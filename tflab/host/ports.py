@@ -37,6 +37,25 @@ def require_free(
             )
 
 
+MAX_PORT = 65535
+
+
+def first_free_base(host: str, start: int, count: int, check: PortCheck | None = None,
+                    avoid: Iterable[int] = ()) -> int:
+    """The first base from `start` on whose `count` ports are all free on `host` now (and none of `avoid`): where a
+    lab takes its ports when none were given, so that a second lab beside the first just works."""
+    check = check or port_free
+    skipped = set(avoid)
+    base = start
+    while base + count - 1 <= MAX_PORT:
+        taken = next((port for port in range(base, base + count) if port in skipped or not check(host, port)), None)
+        if taken is None:
+            return base
+        base = taken + 1
+    raise UserError(f"no {count} free ports in a row from {start} on {host}: free some, or pass a base of your own "
+                    "(--ssh-port-base, --tensorboard-port-base)")
+
+
 def wait_for_http(url: str, deadline: float) -> bool:
     """Wait until `url` answers 200, or `deadline` passes."""
     while time.monotonic() < deadline:
