@@ -123,6 +123,17 @@ def missing(what: str) -> None:
     pytest.fail(f"{what} (set TFLAB_TESTS_ALLOW_SKIP=1 to skip such tests instead)")
 
 
+@pytest.fixture(autouse=True)
+def own_lab_index(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's gens keep their labs' ports in an index of their own (host.labindex), not in this user's: a lab of
+    another test, or a developer's, would move the default ports a test expects."""
+    from tflab.host import labindex
+
+    path = tmp_path_factory.mktemp("labindex") / "labs.json"
+    monkeypatch.setattr(labindex, "index_path", lambda: path)
+    return path
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     """Typer's CliRunner with stderr kept apart."""

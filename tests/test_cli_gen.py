@@ -172,11 +172,32 @@ def test_a_second_lab_takes_the_first_free_ranges_from_the_defaults_on(runner, t
     assert result.exit_code == 0, result.stderr
     assert yaml.safe_load((tmp_path / "lab" / "tflab.yaml").read_text())["ports"] == {
         "ssh_base": 20028, "tensorboard_base": 26010, "bind": "127.0.0.1"}
-    assert ("ports: SSH 20028-20030, TensorBoard 26010-26012 (the first free from 20022 and 26006: something else "
+    assert ("ports: SSH 20028-20030, TensorBoard 26010-26012 (the first free from 20022 and 26006: another lab, or "
+            "something else, "
             "holds those; --ssh-port-base and --tensorboard-port-base choose)") in " ".join(result.stdout.split())
     mine = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "mine"), "--nodes", "3", "--ssh-port-base", "20022"])
     assert mine.exit_code == 2, "a base given and taken stays an error"
     assert "port 127.0.0.1:20022 (SSH of ps0) is already in use" in mine.stderr
+
+
+def test_two_labs_generated_before_either_is_up_take_ranges_apart(runner, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """gen, gen, up, up: the second gen passes by the ports the first lab publishes though it is not up yet; a lab
+    removed, or made again with other ports, no longer claims its old ones."""
+    def gen(name: str, *args: str) -> dict:
+        result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / name), "--nodes", "2", *args])
+        assert result.exit_code == 0, result.stderr
+        return yaml.safe_load((tmp_path / name / "tflab.yaml").read_text())["ports"]
+
+    assert gen("one")["ssh_base"] == 20022
+    assert (gen("two")["ssh_base"], gen("two", "--force")["ssh_base"]) == (20024, 20024), "its own are its own"
+    assert gen("three")["tensorboard_base"] == 26010
+    import shutil
+
+    shutil.rmtree(tmp_path / "one")
+    assert gen("four")["ssh_base"] == 20022, "a lab that is gone claims nothing"
+    assert gen("two", "--force", "--ssh-port-base", "30000", "--tensorboard-port-base", "31000")["ssh_base"] == 30000
+    assert gen("five")["ssh_base"] == 20024, "two's old ports are free again"
 
 
 @pytest.mark.real_ports

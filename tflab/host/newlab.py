@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tflab import resources
 from tflab.errors import UserError
-from tflab.host import buildsettings, hardware, labfiles, ports, proc
+from tflab.host import buildsettings, hardware, labfiles, labindex, ports, proc
 from tflab.host.labfiles import LabFiles
 from tflab.plan import config as cfg
 from tflab.plan import links, shares, taskfile
@@ -91,7 +91,16 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
     root = request.root.resolve()
     if (root / cfg.LAB_FILE).exists() and not request.force:
         raise UserError(f"a lab already exists in {root}; pass --force to overwrite it")
-    topology, ports_note = free_ports(request, topology)
+    with labindex.locked():  # one gen at a time takes ports, and keeps the ones it took
+        made = write_new_lab(request, topology, root, shaped, lab_is_up)
+        labindex.record(root)
+    return made
+
+
+def write_new_lab(request: LabRequest, topology: Topology, root: Path, shaped: links.Links,
+                  lab_is_up: Callable[[Path], bool]) -> NewLab:
+    """make_lab's lab, once no other gen takes ports: its ports, the host, the plan, the files."""
+    topology, ports_note = free_ports(request, topology, labindex.claimed(root))
     scaffold: dict[str, dict[str, bytes]] = {}
     if request.code is None:
         examples = resources.example_files()
@@ -174,21 +183,22 @@ def holds_its_ports(root: Path) -> UserError:
                      "its ports)")
 
 
-def free_ports(request: LabRequest, topology: Topology) -> tuple[Topology, str | None]:
+def free_ports(request: LabRequest, topology: Topology, claimed: set[int]) -> tuple[Topology, str | None]:
     """The topology with the ports of a compose lab whose bases were not given: the first free ranges from the
-    defaults on (another lab may hold those), and a note of them where they are not the defaults."""
+    defaults on, passing by ports in use and those another lab generated here publishes (`claimed`, up or not),
+    and a note of them where they are not the defaults."""
     if request.target != "compose" or (request.ssh_port_base is not None and request.tensorboard_port_base is not None):
         return topology, None
     count = len(roles(topology))
-    ssh = request.ssh_port_base or ports.first_free_base(request.bind, SSH_PORT_BASE, count)
+    ssh = request.ssh_port_base or ports.first_free_base(request.bind, SSH_PORT_BASE, count, avoid=claimed)
     board = request.tensorboard_port_base or ports.first_free_base(request.bind, TENSORBOARD_PORT_BASE, count,
-                                                                   avoid=range(ssh, ssh + count))
+                                                                   avoid=claimed | set(range(ssh, ssh + count)))
     if (ssh, board) == (topology.ssh_port_base, topology.tensorboard_port_base):
         return topology, None
     return replace(topology, ssh_port_base=ssh, tensorboard_port_base=board), (
         f"ports: SSH {ssh}-{ssh + count - 1}, TensorBoard {board}-{board + count - 1} (the first free from "
-        f"{SSH_PORT_BASE} and {TENSORBOARD_PORT_BASE}: something else holds those; --ssh-port-base and "
-        "--tensorboard-port-base choose)")
+        f"{SSH_PORT_BASE} and {TENSORBOARD_PORT_BASE}: another lab, or something else, holds those; "
+        "--ssh-port-base and --tensorboard-port-base choose)")
 
 
 def host_gpus(spec: str | None) -> list[Gpu]:
