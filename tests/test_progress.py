@@ -56,6 +56,23 @@ def test_keras_epochs_and_progress_bars_count_every_batch() -> None:
     assert keras3.read(" 10/100 ━━━━━━━━━━━━━━━━━━━━ 0s 7ms/step - accuracy: 0.81 - loss: 0.62") == Reading(step=210)
 
 
+def test_the_corpus_programs_lines_give_their_steps() -> None:
+    """What the corpus's programs (tests/corpus) print: the custom loops' epochs where they say nothing finer, and a
+    fit of one epoch, which Keras prints without an `Epoch 1/1` line (lines as they printed them in a lab here)."""
+    ctl = ProgressReader()  # tensorflow/docs multi_worker_with_ctl
+    assert [ctl.read(f"Epoch: {n}, accuracy: 0.969196, train_loss: 0.106512.") for n in range(3)] == [
+        Reading(step=0), Reading(step=1), Reading(step=2)]
+    ps = ProgressReader()  # tensorflow/docs parameter_server_training: Model.fit's epochs, then a custom loop's
+    assert ps.read("Epoch 1/5") is None
+    assert ps.read("20/20 - 4s - loss: 0.6911 - 4s/epoch - 213ms/step") == Reading(step=20)
+    assert ps.read("Finished epoch 0, accuracy is 0.562500.") is None, "once steps are counted, epochs are not"
+    custom = ProgressReader()
+    assert custom.read("Finished epoch 3, accuracy is 1.000000.") == Reading(step=3)
+    one_epoch = ProgressReader()  # kubeflow dist-mnist, --epochs 1 (tf-keras, ParameterServerStrategy: verbose 2)
+    assert one_epoch.read("120/120 - 6s - loss: 0.4637 - accuracy: 0.8825 - 6s/epoch - 52ms/step") == Reading(step=120)
+    assert ProgressReader().read("Epoch 1: saving model to /runs/ckpt_1") is None, "a callback's word, not a loop's"
+
+
 def test_a_line_rewritten_in_place_counts_by_its_last_update() -> None:
     line = "  1/469 [....] - ETA: 4s\r 50/469 [==>.] - ETA: 3s\r120/469 [===>] - ETA: 2s"
     reader = ProgressReader()

@@ -16,6 +16,10 @@ LINES = [
      {"accuracy": 0.9531, "loss": 0.1234, "val_accuracy": 0.95, "val_loss": 0.15}),
     ("120/469 [=====>....] - ETA: 1s - loss: 0.4012 - acc: 0.8807", {"loss": 0.4012, "accuracy": 0.8807}),
     ("INFO:tensorflow:loss = 0.123, step = 300 (0.5 sec)", {"loss": 0.123}),
+    # the corpus (tests/corpus): TensorFlow's parameter-server tutorial, Kubeflow's dist-mnist
+    ("Finished epoch 3, accuracy is 1.000000.", {"accuracy": 1.0}),
+    ("Evaluation accuracy: 0.962000", {"accuracy": 0.962}),
+    ("Epoch: 2, accuracy: 0.987723, train_loss: 0.048340.", {"accuracy": 0.987723}),
     ("worker0: first step done (global step 0)", {}),
     ("max_loss: nan", {}),
     ("learning_rate 0.1 val_loss_scale 2", {}),

@@ -9,6 +9,8 @@ The lines people's programs really print, each giving a step (or a rate):
 - Keras' `Epoch 2/5` and then `120/469 [=====>....]`, `120/469 ━━━━━━━━` or `469/469 - 2s - loss: …`
   (step = the batches of the epochs before, and this one's); tqdm's and Lightning's bars
   (`Epoch 3:  45%|████▌ | 450/1000 [00:05<…]`)
+- a custom loop's epochs, where the program says nothing finer: TensorFlow's tutorials' `Epoch: 2, accuracy:
+  0.98, train_loss: 0.01.` and `Finished epoch 3, accuracy is 1.0.` (its steps are then its epochs)
 - a task's own pattern (tflab.yaml `progress: REGEX`), with a named group `step` or `rate` (other named
   groups are metrics of its quality: plan/quality)
 
@@ -33,6 +35,11 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # Keras 3 colours its bar even int
 # Keras' batch counter: a bar (verbose=1), or `469/469 - 2s - loss: …` (verbose=2), the total
 # `Unknown` while the first epoch of a dataset of unknown length runs.
 KERAS_BAR = re.compile(r"^\s*(\d+)/(\d+|Unknown)\s+(?:\[[=>.]*\]|[━─]+|-\s+\d)")
+# An epoch a custom loop reports done (TensorFlow's distributed tutorials: `Epoch: 2, accuracy: 0.98, ...`,
+# `Finished epoch 3, accuracy is 1.0.`): the progress of a program that says nothing finer.
+EPOCH_DONE = re.compile(r"^\s*(?:Finished epoch|Epoch:)\s+(\d+)\s*[,.]", re.IGNORECASE)
+# Keras' line at the end of a training epoch (verbose=2): Keras prints no `Epoch 1/1` before a fit of one epoch.
+EPOCH_END = re.compile(r"\d+(?:\.\d+)?m?s/epoch\b")
 # tqdm's bars, and PyTorch Lightning's (`Epoch 3:  45%|████▌     | 450/1000 [00:05<00:06, 90.0it/s]`)
 TQDM_BAR = re.compile(r"^\s*(?:Epoch (\d+):)?.*?\|\s*(\d+)/(\d+|\?)\s*\[")
 
@@ -96,6 +103,7 @@ class ProgressReader:
         self.epoch_of_batches = 0
         self.seen_epoch = False
         self.last_batch_step = 0
+        self.finer = False  # a step was read from something finer than a custom loop's epoch lines
 
     def read(self, line: str) -> Reading | None:
         """The progress a line reports, or None; a line that updates itself (`\\r`) counts by its last part."""
@@ -108,6 +116,15 @@ class ProgressReader:
 
     def _read(self, line: str) -> Reading | None:
         line = ANSI.sub("", line)
+        match = EPOCH_DONE.match(line)
+        if match:  # its epochs count only while nothing finer does
+            return None if self.finer else Reading(step=int(match.group(1)))
+        reading = self._read_steps(line)
+        if reading is not None:
+            self.finer = True
+        return reading
+
+    def _read_steps(self, line: str) -> Reading | None:
         if self.pattern is not None:
             match = self.pattern.search(line)
             reading = _from_groups(match) if match else None
@@ -124,8 +141,9 @@ class ProgressReader:
             self.epoch, self.seen_epoch = int(match.group(1)), True
             return None
         match = KERAS_BAR.match(line)
-        if match:  # a counter before any `Epoch` line is `evaluate` or `predict`, not training
-            return self._batch(int(match.group(1)), match.group(2)) if self.seen_epoch else None
+        if match:  # a counter before any `Epoch` line is `evaluate` or `predict`, not training, but an epoch's end
+            training = self.seen_epoch or bool(EPOCH_END.search(line))
+            return self._batch(int(match.group(1)), match.group(2)) if training else None
         match = TQDM_BAR.match(line)
         if match:
             if match.group(1) is not None:  # Lightning counts its epochs from 0

@@ -5,6 +5,7 @@ The lines programs really print:
 - the examples' `worker0: test accuracy 0.9722`, `global step 300 loss 0.0265 accuracy 0.91`
 - Keras' `accuracy: 0.9531 - loss: 0.1234 - val_accuracy: 0.95 - val_loss: 0.15` (`acc` read as accuracy)
 - TF1 hooks' `loss = 0.1, step = 300`
+- TensorFlow's tutorials' `Finished epoch 3, accuracy is 1.000000.`
 - a task's own progress pattern (tflab.yaml `progress: REGEX`): a named group `quality`, or a group named
   for its metric (`(?P<f1>...)`), besides `step` and `rate`
 
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 NUMBER = r"([-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)"
 TEST_ACCURACY = re.compile(r"\btest[ _]accuracy\s*[:=]?\s*" + NUMBER, re.IGNORECASE)
-NAMED = re.compile(r"(?<![\w.])(val_accuracy|val_acc|val_loss|accuracy|acc|loss)\s*(?:[:=]\s*|\s+)" + NUMBER)
+NAMED = re.compile(r"(?<![\w.])(val_accuracy|val_acc|val_loss|accuracy|acc|loss)\s*(?:[:=]\s*|\s+(?:is\s+)?)" + NUMBER)
 ALIASES = {"acc": "accuracy", "val_acc": "val_accuracy"}
 OWN_GROUPS_IGNORED = ("step", "rate")
 LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae")
