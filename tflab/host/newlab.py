@@ -83,8 +83,10 @@ def make_lab(request: LabRequest, lab_is_up: Callable[[Path], bool] = lambda roo
     topology = Topology(
         nodes=request.nodes, ps=request.ps, chief=request.chief, evaluator=request.evaluator,
         gpus_per_node=request.gpus_per_node,
-        share_gpus=request.share_gpus, ssh_port_base=request.ssh_port_base or SSH_PORT_BASE,
-        tensorboard_port_base=request.tensorboard_port_base or TENSORBOARD_PORT_BASE, bind=request.bind,
+        share_gpus=request.share_gpus,
+        ssh_port_base=SSH_PORT_BASE if request.ssh_port_base is None else request.ssh_port_base,
+        tensorboard_port_base=(TENSORBOARD_PORT_BASE if request.tensorboard_port_base is None
+                               else request.tensorboard_port_base), bind=request.bind,
         cpus_per_node=shares.check_cpu_choice(request.cpus_per_node),
         memory_per_node=shares.check_memory_choice(request.memory_per_node),
     )
@@ -190,9 +192,10 @@ def free_ports(request: LabRequest, topology: Topology, claimed: set[int]) -> tu
     if request.target != "compose" or (request.ssh_port_base is not None and request.tensorboard_port_base is not None):
         return topology, None
     count = len(roles(topology))
-    ssh = request.ssh_port_base or ports.first_free_base(request.bind, SSH_PORT_BASE, count, avoid=claimed)
-    board = request.tensorboard_port_base or ports.first_free_base(request.bind, TENSORBOARD_PORT_BASE, count,
-                                                                   avoid=claimed | set(range(ssh, ssh + count)))
+    ssh = topology.ssh_port_base if request.ssh_port_base is not None else \
+        ports.first_free_base(request.bind, SSH_PORT_BASE, count, avoid=claimed)
+    board = topology.tensorboard_port_base if request.tensorboard_port_base is not None else \
+        ports.first_free_base(request.bind, TENSORBOARD_PORT_BASE, count, avoid=claimed | set(range(ssh, ssh + count)))
     if (ssh, board) == (topology.ssh_port_base, topology.tensorboard_port_base):
         return topology, None
     return replace(topology, ssh_port_base=ssh, tensorboard_port_base=board), (
