@@ -1,5 +1,5 @@
 """Which Keras a program written for Keras 2 gets: it asks for it itself before importing TensorFlow, as TensorFlow
-2.16's release notes tell such programs to (tflab's own probe, beside the corpus: tests/test_docker_corpus.py).
+2.16's release notes tell such programs to (tflab's own probe, beside the corpus: tests/test_docker_programs.py).
 
 It prints the Keras of both ways programs reach it: `tf.keras` (looked up when first used) and
 `from tensorflow.keras import layers` (found where TensorFlow's import put `tensorflow.keras`): a cold

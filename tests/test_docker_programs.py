@@ -10,7 +10,8 @@ traffic there would wait for ever.
 - `mw`: two workers (`--ps 0`) for MultiWorkerMirroredStrategy, with `--pip tf-keras` and the TensorFlow's
   own Keras (3): a run's `--env TF_USE_LEGACY_KERAS=1` gives Keras 2. Its image holds one TensorFlow.
 - `ps`: two parameter servers, two workers and a chief for ParameterServerStrategy, with `--keras 2`: a run's
-  `--env TF_USE_LEGACY_KERAS=0` gives Keras 3.
+  `--env TF_USE_LEGACY_KERAS=0` gives Keras 3. Its tests are marked `waits`: scripts/test.sh runs them in the
+  lane beside the training tests, which run the `mw` lab's (each lane makes only the labs its tests use).
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ def test_multi_worker_programs_fail_on_keras_3_and_train_on_keras_2(mw: Path, be
 
 # -- the corpus: ParameterServerStrategy with a chief ---------------------------------------------------------------
 
+@pytest.mark.waits
 def test_the_parameter_server_tutorial_as_written_fails_as_on_a_cluster_and_trains_with_runs(
         ps: Path, behind_a_proxy: Path, code: Path) -> None:
     """Its working folder is /tmp: the parameter servers write the checkpoint's data files into their own /tmp, where
@@ -187,6 +189,7 @@ def test_the_parameter_server_tutorial_as_written_fails_as_on_a_cluster_and_trai
     assert (ps / "runs" / "tf_ps" / "my_working_dir" / "ckpt" / "variables" / "variables.index").is_file()
 
 
+@pytest.mark.waits
 def test_kubeflows_dist_mnist_trains_on_keras_2_and_fails_on_keras_3(ps: Path, behind_a_proxy: Path) -> None:
     result, record = run(ps, "kf_dist_mnist", behind_a_proxy)
     trained(result, record)
