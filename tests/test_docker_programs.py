@@ -102,9 +102,16 @@ def trained(result, record: dict) -> None:
     assert record["quality"].get("accuracy") or record["quality"].get("loss"), record["quality"]
 
 
-def failed_saying(result, record: dict, line: str) -> None:
+def failed_saying(result, record: dict, line: str, diagnosis: str) -> None:
+    """The run failed, its output says `line`, and tflab named the known failure `diagnosis` after the summary."""
     assert result.exit_code == 1 and record["verdict"] == "failed", result.stdout[-3000:]
     assert line in result.stdout, result.stdout[-3000:]
+    diagnosed = {node: row["diagnosis"]["id"] for node, row in record["nodes"].items() if row.get("diagnosis")}
+    assert diagnosis in diagnosed.values(), (diagnosed, result.stdout[-3000:])
+    failed = [node for node, row in record["nodes"].items() if row["verdict"] == "failed"]
+    assert set(diagnosed) == set(failed), "every failed node, and only those, diagnosed"
+    assert f"cause ({', '.join(n for n in diagnosed if diagnosed[n] == diagnosis)}): " in result.stdout
+    assert "lines of tensor values left out here" in result.stdout or "PerReplica" not in line
 
 
 # -- one TensorFlow per image, Keras 2 as the program asks for it ---------------------------------------------------
@@ -151,18 +158,19 @@ def test_a_program_that_asks_for_keras_2_itself_gets_it_warm_as_cold(mw: Path, b
 
 # -- the corpus: MultiWorkerMirroredStrategy on two workers ---------------------------------------------------------
 
-MULTI_WORKER = {
-    "tf_mwms_ctl": "AttributeError: 'SparseCategoricalAccuracy' object has no attribute 'reset_states'",
-    "tf_mwms_keras": "ValueError: Attempt to convert a value (PerReplica:{",
-    "kf_mwms_keras": "When using `save_weights_only=True` in `ModelCheckpoint`, the filepath provided must end in "
-                     "`.weights.h5`",
+MULTI_WORKER = {  # what each says on Keras 3, and the known failure tflab names
+    "tf_mwms_ctl": ("AttributeError: 'SparseCategoricalAccuracy' object has no attribute 'reset_states'",
+                    "keras3-reset-states"),
+    "tf_mwms_keras": ("ValueError: Attempt to convert a value (PerReplica:{", "keras3-per-replica"),
+    "kf_mwms_keras": ("When using `save_weights_only=True` in `ModelCheckpoint`, the filepath provided must end in "
+                      "`.weights.h5`", "keras3-weights-h5"),
 }
 
 
 @pytest.mark.parametrize("task", sorted(MULTI_WORKER))
 def test_multi_worker_programs_fail_on_keras_3_and_train_on_keras_2(mw: Path, behind_a_proxy: Path, task: str) -> None:
     result, record = run(mw, task, behind_a_proxy)
-    failed_saying(result, record, MULTI_WORKER[task])
+    failed_saying(result, record, *MULTI_WORKER[task])
     result, record = run(mw, task, behind_a_proxy, *KERAS_2)
     trained(result, record)
 
@@ -175,10 +183,11 @@ def test_the_parameter_server_tutorial_as_written_fails_as_on_a_cluster_and_trai
     """Its working folder is /tmp: the parameter servers write the checkpoint's data files into their own /tmp, where
     the chief made no folder, as on separate machines. In the shared /runs (the cure), it trains."""
     result, record = run(ps, "tf_ps", behind_a_proxy)
-    failed_saying(result, record, "/tmp/my_working_dir/ckpt/variables/variables_temp; No such file or directory")
+    failed_saying(result, record, "/tmp/my_working_dir/ckpt/variables/variables_temp; No such file or directory",
+                  "checkpoint-on-one-machine")
     assert "remote target /job:ps/replica:0/task:" in result.stdout
     result, record = run(ps, "tf_ps", behind_a_proxy, *KERAS_3)
-    failed_saying(result, record, "`keras.optimizers.legacy` is not supported in Keras 3")
+    failed_saying(result, record, "`keras.optimizers.legacy` is not supported in Keras 3", "keras3-legacy-optimizer")
     program = code / "tf_ps_main.py"
     program.write_text(program.read_text().replace('working_dir = "/tmp/my_working_dir"',
                                                    'working_dir = "/runs/tf_ps/my_working_dir"'))
@@ -196,7 +205,7 @@ def test_kubeflows_dist_mnist_trains_on_keras_2_and_fails_on_keras_3(ps: Path, b
     assert "Evaluation accuracy:" in result.stdout
     result, record = run(ps, "kf_dist_mnist", behind_a_proxy, *KERAS_3)
     failed_saying(result, record, "To use this dataset, you need to pass this dataset to "
-                                  "ClusterCoordinator.create_per_worker_dataset")
+                                  "ClusterCoordinator.create_per_worker_dataset", "keras3-parameter-server")
 
 
 # -- behind a proxy: the lab's traffic never goes there -------------------------------------------------------------

@@ -23,6 +23,7 @@ from tflab.engine.faults import FaultInjector
 from tflab.errors import TflabError, UserError
 from tflab.host import labfiles
 from tflab.plan.progress import LineSplitter, is_noise
+from tflab.plan.tensordump import TensorCut
 
 
 @dataclass
@@ -165,6 +166,7 @@ class StreamOut:
 
     def __init__(self, on_broken: Callable[[], None] | None = None) -> None:
         self.splitter = LineSplitter()
+        self.tensors = TensorCut()  # a traceback's pages of tensor values, cut to its message
         self.out = sys.stdout.buffer
         self.err = sys.stderr.buffer
         self.broken = False
@@ -186,15 +188,16 @@ class StreamOut:
             if self.on_broken is not None:
                 self.on_broken()
 
-    def _err_lines(self, lines: list[str]) -> None:
-        kept = [line for line in lines if keep_line(line)]
+    def _err_lines(self, lines: list[str], end: bool = False) -> None:
+        kept = [shown for line in lines if keep_line(line) for shown in self.tensors.show(line)]
+        kept += self.tensors.end() if end else []
         if kept:
             self.err.write(("\n".join(kept) + "\n").encode())
             self.err.flush()
 
     def finish(self) -> None:
         try:
-            self._err_lines(self.splitter.rest())
+            self._err_lines(self.splitter.rest(), end=True)
         except BrokenPipeError:
             pass
 

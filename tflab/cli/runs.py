@@ -38,7 +38,8 @@ from tflab.host.signals import stop_signals
 from tflab.plan import faults
 from tflab.plan import knobs as knob_rules
 from tflab.plan.config import check_task_name
-from tflab.run import history, runreport
+from tflab.plan.tensordump import TensorCut
+from tflab.run import failures, history, runreport
 from tflab.run.bottleneck import Limit
 from tflab.run.request import PreparedRun, RunRequest, execute_run, prepare_run
 from tflab.run.runreport import RunReport
@@ -58,13 +59,15 @@ class TerminalSink:
         self.terminal = terminal
         self.broken = False
         self.on_broken = lambda: None
+        self.tensors: dict[str, TensorCut] = {}  # per node: a traceback's pages of tensor values, cut to its message
 
     def line(self, node: str, text: str) -> None:
         if not keep_line(text):
             return
         self.output_log.write(f"[{node}] {text}\n")
         self.output_log.flush()
-        self._show(Text(f"[{node}] ", style=f"bold {self.colours.get(node, 'white')}") + Text(text))
+        for shown in self.tensors.setdefault(node, TensorCut()).show(text):
+            self._show(Text(f"[{node}] ", style=f"bold {self.colours.get(node, 'white')}") + Text(shown))
 
     def event(self, message: str) -> None:
         self.output_log.write(f"tflab: {message}\n")
@@ -157,6 +160,8 @@ def show_verdict(out: Console, lf: LabFiles, report: RunReport, folder: Path) ->
                   soft_wrap=True)
     if report.problem:
         out.print(Text(f"tflab: {report.problem}", style="bold red"), soft_wrap=True)
+    for line in failures.said({name: row.diagnosis for name, row in report.nodes.items() if row.diagnosis}):
+        out.print(Text(line, style="bold"), soft_wrap=True)
     if report.note:
         out.print(Text(f"tflab: note: {report.note}", style="yellow"), soft_wrap=True)
     limit = report.limit or {}

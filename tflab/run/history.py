@@ -33,8 +33,8 @@ def stamp(epoch: float) -> str:
 REASONS = {"oom": "oom", "stopped": "stopped", "lease": "stopped", "outside": "outside"}
 
 
-def node_rows(machine: RunMachine) -> dict[str, NodeRow]:
-    """Each node's part in the run, as run.json keeps it."""
+def node_rows(machine: RunMachine, diagnoses: dict[str, dict[str, str]] | None = None) -> dict[str, NodeRow]:
+    """Each node's part in the run, as run.json keeps it (with the known failure its output shows, where one does)."""
     rows = {}
     for name, node in machine.nodes.items():
         rate = node.rate()
@@ -45,6 +45,7 @@ def node_rows(machine: RunMachine) -> dict[str, NodeRow]:
             duration_s=None if node.duration is None else round(node.duration, 2),
             steps_per_s=None if rate is None else round(rate, 2),
             recent_steps_per_s=None if recent is None else round(recent, 2),
+            diagnosis=(diagnoses or {}).get(name),
         )
     return rows
 
@@ -78,7 +79,8 @@ class RunRecorder:
     def write(self, state: str, machine: RunMachine, result: str | None = None,
               first_step_s: float | None = None, note: str | None = None,
               limit: dict[str, str] | None = None,
-              cluster: dict[str, dict[str, float | None]] | None = None) -> RunReport:
+              cluster: dict[str, dict[str, float | None]] | None = None,
+              diagnoses: dict[str, dict[str, str]] | None = None, stall: dict[str, Any] | None = None) -> RunReport:
         finish = machine.finish if state == "finished" else None
         chief = machine.nodes.get(machine.plan.chief)
         rate = chief.rate() if chief is not None else None
@@ -95,7 +97,7 @@ class RunRecorder:
             first_step_s=None if first_step_s is None else round(first_step_s, 2),
             note=note, limit=limit, knobs=self.knobs, cluster=cluster,
             **quality_of(machine),
-            faults=machine.drills.rows(machine.began), nodes=node_rows(machine),
+            faults=machine.drills.rows(machine.began), stall=stall, nodes=node_rows(machine, diagnoses),
         )
         report.save(self.folder)
         return report

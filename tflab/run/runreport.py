@@ -35,6 +35,7 @@ class NodeRow:
     duration_s: float | None = None
     steps_per_s: float | None = None
     recent_steps_per_s: float | None = None  # over the last seconds, while it runs
+    diagnosis: dict[str, str] | None = None  # a known failure its output shows: id, cause, cure (run/failures)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class RunReport:
     quality: dict[str, float] | None = None  # the chief's metrics as it last printed them (accuracy, loss, ...)
     quality_series: dict[str, list[Any]] | None = None  # each metric's [seconds since the start, value] pairs
     faults: list[dict[str, Any]] = field(default_factory=list)  # the drill's faults, as they went
+    stall: dict[str, Any] | None = None  # a stalled run's look at its cluster: who reaches whom (run/stalls)
     nodes: dict[str, NodeRow] = field(default_factory=dict)
 
     @property

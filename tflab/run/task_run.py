@@ -19,7 +19,7 @@ from tflab.plan import knobs as knob_rules
 from tflab.plan import links, tasks
 from tflab.plan.config import Task
 from tflab.plan.knobs import Knobs
-from tflab.run import history
+from tflab.run import failures, history
 from tflab.run.cluster import ClusterWatch
 from tflab.run.launcher import Injector, Launcher, RunResult, RunSetup, Sink
 from tflab.run.runplan import RunPlan
@@ -87,9 +87,12 @@ class TaskRun:
                 result = self.launcher.execute()
             finally:
                 limit = self.watch.stop() if self.watch is not None else None
+            verdicts = {name: node.verdict for name, node in result.machine.nodes.items()}
+            diagnoses = failures.diagnose_nodes(verdicts, self.folder / history.LOG_DIR)
             report = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
                                      limit=limit.as_dict() if limit is not None else None,
-                                     cluster=self.watch.series.means() if self.watch is not None else None)
+                                     cluster=self.watch.series.means() if self.watch is not None else None,
+                                     diagnoses={node: found.as_dict() for node, found in diagnoses.items()})
             return result, report
         finally:
             try:
