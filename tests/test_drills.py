@@ -77,7 +77,7 @@ def feed(machine: RunMachine, events: list) -> list:
 
 def ps_plan(*specs: str, expect: str | None = None, restarts: int = 0) -> RunPlan:
     return RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0",
-                   faults=tuple(parse(s, NODES) for s in specs), expect=expect, restarts=restarts, stall_s=60.0)
+                   faults=tuple(parse(s, NODES) for s in specs), expect=expect, restarts=restarts, drill_stall_s=60.0)
 
 
 def started(plan: RunPlan) -> RunMachine:

@@ -108,6 +108,7 @@ def run(
     task: Annotated[str, typer.Argument(help="A task of tflab.yaml.")],
     grace: Annotated[float, typer.Option(help="Seconds a worker may stay silent after the chief finished before it counts as hung.")] = 30.0,
     timeout: Annotated[float | None, typer.Option(help="Seconds the whole run may take.")] = None,
+    stall: Annotated[float, typer.Option(help="Seconds the workers may print no step while no node prints or computes; then the run is stalled, and tflab says who never joined (0: never).")] = 120.0,
     restarts: Annotated[int, typer.Option(help="Restarts allowed for each failed non-chief worker.")] = 0,
     resume: Annotated[bool, typer.Option(help="Keep the previous run's outputs (resume from its checkpoint).")] = False,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the servers serve and the workers started; the run goes on without the terminal.")] = False,
@@ -127,13 +128,16 @@ def run(
         raise UserError("--restarts cannot be negative")
     if not 0 <= grace < math.inf or (timeout is not None and not 0 < timeout < math.inf):
         raise UserError("--grace must be 0 or more and --timeout more than 0 seconds (finite numbers)")
+    if not 0 <= stall < math.inf:
+        raise UserError(f"--stall {stall:g} must be 0 (never) or a number of seconds")
     lf = open_lab(lab)
     definition = lf.config.task(task)
     check_via(via)
     knobs = knob_rules.parse(lf.lab, len(lf.config.host.cpus), workers, link_rate, cpus or (), env or ())
     drill = tuple(faults.parse(spec, lf.lab.names) for spec in fault or ())
     request = RunRequest(definition, knobs, grace_s=grace, timeout_s=timeout, restarts=restarts, resume=resume,
-                         metrics=metrics, drill=drill, expect=faults.check_expectation(expect, drill), via=via)
+                         metrics=metrics, drill=drill, expect=faults.check_expectation(expect, drill), via=via,
+                         stall_s=stall)
     prepared = prepare_run(lf, request, lambda: backend(lf))
     if detach and not detached_child:
         prepared.lock.close()  # the run's own process takes it

@@ -124,7 +124,8 @@ def status_table(lab: Lab, states: Mapping[str, NodeState], bind: str, links: Li
     return table
 
 
-VERDICT_COLOURS = {"ok": "green", "served": "green", "failed": "red", "hung": "red", "timeout": "red", "oom": "red",
+VERDICT_COLOURS = {"ok": "green", "served": "green", "failed": "red", "hung": "red", "stalled": "red", "timeout": "red",
+                   "oom": "red",
                    "killed": "yellow", "shut down": "yellow", "rebooted": "yellow", "restarting": "yellow",
                    "survived": "red", "missed": "red",
                    "interrupted": "yellow", "stopped": "yellow"}

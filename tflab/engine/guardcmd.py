@@ -7,8 +7,9 @@ with): its keys, words, grace and lease are defined there once.
 from __future__ import annotations
 
 import logging
+import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -112,6 +113,20 @@ def probe(node: str, key: str | None, timeout_s: float, quiet_s: float | None = 
     `while_busy`: 4 as soon as they used none for `quiet_s`."""
     return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key,
                 quiet=None if quiet_s is None else float(quiet_s), while_busy=while_busy).argv()
+
+
+# The proxy variables a node's processes may see (gRPC reads the lower-case ones).
+PROXY_NAMES = ("grpc_proxy", "https_proxy", "http_proxy", "no_grpc_proxy", "no_proxy", "HTTPS_PROXY", "HTTP_PROXY",
+               "NO_PROXY")
+
+
+def reach(peers: Sequence[str], timeout_s: float = 2.0) -> list[str]:
+    """One command for a node: for each peer, whether its TensorFlow port answers from here (`reach PEER CODE`,
+    CODE 0 when it does), then the proxy variables the node's processes see (`env NAME=VALUE`)."""
+    probes = [f"{shlex.join(probe(peer, None, timeout_s))} >/dev/null 2>&1; echo reach {peer} $?" for peer in peers]
+    variables = (f'for v in {" ".join(PROXY_NAMES)}; do eval "x=\\${{$v-}} set=\\${{$v+1}}"; '
+                 '[ -z "$set" ] || echo "env $v=$x"; done')
+    return ["sh", "-c", "; ".join([*probes, variables])]
 
 
 # How long one probe of a server busy starting lasts (it ends sooner once the server serves, ended, or stopped

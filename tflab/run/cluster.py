@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ class ClusterWatch:
     """Samples the lab's nodes during a run; writes their scalars; keeps the series for the summary."""
 
     def __init__(self, executor: Executor, lab: Lab, folder: Path, machine: RunMachine, host_cpus: int,
-                 every_s: float = 1.0, board: bool = True, link_mbit: float | None = None) -> None:
+                 every_s: float = 1.0, board: bool = True, link_mbit: float | None = None,
+                 on_cpu: Callable[[dict[str, float | None]], None] | None = None) -> None:
         self.lab = lab
+        self.on_cpu = on_cpu  # each snapshot's CPU use per node, for the run's stall rule
         self.shape = bottleneck.Shape(servers=machine.plan.servers, workers=machine.plan.finishers,
                                       cpus={n.name: n.share.cpus for n in lab.nodes}, host_cpus=host_cpus,
                                       link_mbit=link_mbit)
@@ -60,6 +63,8 @@ class ClusterWatch:
         return writer
 
     def _snapshot(self, snap: Snapshot) -> None:
+        if self.on_cpu is not None:
+            self.on_cpu({name: snap.nodes[name].cpu_used if name in snap.nodes else None for name in self.lab.names})
         with self.lock:
             self.began = self.began or snap.t
             if self._training():

@@ -40,6 +40,7 @@ class Printed:
     rate: float | None = None  # steps/s the line reported itself
     leader_gone: bool = False  # the line says the coordination service's leader (the chief) is gone
     quality: tuple[tuple[str, float], ...] = ()  # the metrics it printed (plan/quality): accuracy, loss, ...
+    runtime: bool = False  # an error TensorFlow's runtime logged (gRPC's retries...), not the program's own words
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class Exited:
     reason: str | None = None  # why the code is unknown, or what happened to the node
     signal: str | None = None  # the signal that ended it, by name (SIGTERM), as its owner in the node saw it
     ended_by: str | None = None  # the node's word for how it ended (tflab_guard.protocol: exited, stopped, ...)
+
+
+@dataclass(frozen=True)
+class Busy:
+    """How much CPU each node of the run used over the last second or two (CPUs' worth), as its cgroup counted it
+    (the cluster's figures); None where its figure is missing."""
+
+    t: float
+    cpu: tuple[tuple[str, float | None], ...]
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,8 @@ class Revived:
     error: str | None = None
 
 
-Event = Began | Serving | NotServing | Printed | Exited | PeerEnded | Tick | Interrupt | Injected | Healed | Revived
+Event = (Began | Serving | NotServing | Printed | Exited | PeerEnded | Busy | Tick | Interrupt | Injected | Healed
+         | Revived)
 
 # -- actions -------------------------------------------------------------------------------
 
@@ -149,13 +160,21 @@ class Revive:
 
 
 @dataclass(frozen=True)
+class Check:
+    """Ask every node of a stalled run whether it reaches every other node's TensorFlow port (before they stop)."""
+
+    nodes: tuple[str, ...]
+    stalled: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Finish:
     exit_code: int
-    verdict: str  # ok | failed | hung | oom | timeout | interrupted
+    verdict: str  # ok | failed | hung | stalled | oom | timeout | interrupted
     problem: str | None = None
 
 
-Action = Start | Release | Stop | Say | Finish | Inject | Heal | Revive
+Action = Start | Release | Stop | Say | Check | Finish | Inject | Heal | Revive
 
 
 def exited_event(node: str, t: float, code: int | None, reason: str | None, end: object = None) -> Exited:

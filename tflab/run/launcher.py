@@ -25,8 +25,11 @@ from tflab.errors import TflabError
 from tflab.host.fanout import background, parallel
 from tflab.plan import progress, quality
 from tflab.plan.faults import Fault
+from tflab.run import stalls
 from tflab.run.events import (
     Began,
+    Busy,
+    Check,
     Event,
     Exited,
     Finish,
@@ -49,6 +52,7 @@ from tflab.run.events import (
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
+from tflab.run.stalls import Findings, Look
 
 log = logging.getLogger("tflab.launcher")
 
@@ -102,6 +106,7 @@ class RunResult:
     first_step_s: float | None = None
     result_line: str | None = None
     last_lines: dict[str, str] = field(default_factory=dict)
+    stall: Findings | None = None  # a stalled run's look at its cluster (run/stalls)
 
 
 
@@ -128,12 +133,17 @@ class Launcher:
         self._sink_failed = False
         self._began = 0.0
         self._own_pattern = progress.check_pattern(setup.progress) if setup.progress else None
+        self.stall: Findings | None = None
 
     # -- called from other threads and signal handlers -------------------------------------------
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
         """Stop the run (SimpleQueue.put is safe in a signal handler); `force` kills at once."""
         self.events.put(Interrupt(self.clock(), reason, force))
+
+    def heard_cpu(self, cpu: Mapping[str, float | None]) -> None:
+        """The nodes' CPU use over the last second or two (the cluster's figures): what tells a stall from work."""
+        self.events.put(Busy(self.clock(), tuple(cpu.items())))
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -177,7 +187,7 @@ class Launcher:
         chief_last = self.last_lines.get(self.plan.chief)
         return RunResult(self.machine.finish, self.machine,
                          None if self._first_step is None else self._first_step - self._began,
-                         chief_last, dict(self.last_lines))
+                         chief_last, dict(self.last_lines), self.stall)
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -195,6 +205,8 @@ class Launcher:
                     background(self._stop, name, action.force, name=f"stop-{name}")
             elif isinstance(action, Say):
                 self._say(action.message)
+            elif isinstance(action, Check):
+                self._check(action)
             elif isinstance(action, Finish):
                 self.on_state("stopping", self.machine)
             elif isinstance(action, (Inject, Heal, Revive)):
@@ -300,8 +312,26 @@ class Launcher:
                 self.last_lines[name] = text.rsplit("\r", 1)[-1]
             metrics = quality.read(text.rsplit("\r", 1)[-1], self._own_pattern)
             self.events.put(Printed(name, self.clock(), leader_gone=bool(progress.LEADER_GONE.search(text)),
-                                    quality=tuple(metrics.items())))
+                                    quality=tuple(metrics.items()), runtime=progress.tensorflow_error(text)))
         self._show(self.sink.line, name, text)
+
+    def _check(self, action: Check) -> None:
+        """A stalled run, before anything stops: every node asked whether each other's port answers from it, and
+        which proxies its programs see; what that says is said, and kept for run.json."""
+        self._say(f"the run is stalled: asking {', '.join(action.nodes)} which of the others each reaches")
+
+        def look(name: str) -> Look:
+            peers = [peer for peer in action.nodes if peer != name]
+            try:
+                _code, output = self.executor.run(name, guardcmd.reach(peers))
+            except TflabError:
+                return Look(name)
+            return stalls.read_look(name, output, self.setup.env_for(name))
+
+        looks = {found.node: found for found in parallel(look, list(action.nodes), name="stall-look")}
+        self.stall = stalls.findings(action.stalled, looks)
+        for sentence in self.stall.said:
+            self._say(sentence)
 
     def _probe(self, name: str, key: str) -> None:
         """Wait for a server to serve (guardcmd.await_serving): Serving, or NotServing saying why not; a server

@@ -18,7 +18,12 @@ The rules (DESIGN.md, "Tasks"):
   is still waiting then, the verdict names the cause and the cure (`device_filters`);
 - a correct program is never called failed or hung: a late worker that ends after the
   chief (even 35 s after) is `ok`, and one that trained and then waits in TensorFlow's
-  teardown for the coordination service that ended with the chief is stopped as finished.
+  teardown for the coordination service that ended with the chief is stopped as finished;
+- no run waits in silence: where finishers have printed no step, and no node of the run printed
+  a line of its own or used more than a sliver of a CPU for `stall_s` (the cluster's figures must
+  cover that time), the run is `stalled`: those finishers are named, every node is asked (Check)
+  whether it reaches the others' ports before they stop. A program that computes or prints is
+  never stalled (a slow import uses the CPU; a ps that only serves beside busy workers is no stall).
 
 The words it hears and says are in run/events.py, the plan it judges by in run/runplan.py,
 the drill's faults it tracks in run/drills.py.
@@ -33,6 +38,8 @@ from tflab.run.drills import DrillState, Drills, describe
 from tflab.run.events import (
     Action,
     Began,
+    Busy,
+    Check,
     Event,
     Exited,
     Finish,
@@ -58,6 +65,10 @@ from tflab.run.runplan import FINISHER, SERVER, SIDECAR, RunPlan
 from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, teardown_message
 
 
+BUSY_CPU = 0.05  # CPUs' worth: a node that used more computed (an idle TensorFlow process and tflab's own, less)
+FIGURES_STALE_S = 10.0  # CPU figures older than this do not say what the nodes do now
+
+
 class RunMachine:
     """The verdict of one run, decided from events."""
 
@@ -78,7 +89,7 @@ class RunMachine:
         self.finish: Finish | None = None
         self.hung_reported: set[str] = set()
         self.problems: list[str] = []
-        self.drills = Drills(plan.faults, plan.stall_s)
+        self.drills = Drills(plan.faults, plan.drill_stall_s)
         self.run_step: int | None = None  # the furthest step a finisher reported
         self.down: set[str] = set()  # nodes whose machine a fault took down (waiting to be revived)
         self.reviving: set[str] = set()
@@ -89,6 +100,7 @@ class RunMachine:
         self.back_before_end: dict[str, DrillState] = {}
         self.gang: set[str] = set()  # finishers being stopped for a restart of them all
         self.gang_restarts = 0
+        self.figures: tuple[float, float] | None = None  # (first, last) time the nodes' CPU figures were heard
 
     # -- the one entry point -------------------------------------------------------------------
 
@@ -111,6 +123,8 @@ class RunMachine:
             return self._exited(event)
         if isinstance(event, PeerEnded):
             return self._peer_ended(event)
+        if isinstance(event, Busy):
+            return self._busy(event)
         if isinstance(event, Tick):
             return self._tick(event.t)
         if isinstance(event, Interrupt):
@@ -200,6 +214,8 @@ class RunMachine:
         if node is None:
             return []
         node.last_output = event.t
+        if not event.runtime:
+            node.last_said = event.t
         if event.leader_gone:
             node.leader_gone = event.t
         if event.step is not None:
@@ -277,6 +293,14 @@ class RunMachine:
         self.problems.append(problem)
         return self._end("failed", 1, problem, verdict_for_running="stopped")
 
+    def _busy(self, event: Busy) -> list[Action]:
+        self.figures = (self.figures[0] if self.figures else event.t, event.t)
+        for name, used in event.cpu:
+            node = self.nodes.get(name)
+            if node is not None and (used is None or used >= BUSY_CPU):  # a figure missing: it may have computed
+                node.last_busy = event.t
+        return []
+
     def _oom(self, node: NodeRun, event: Exited) -> list[Action]:
         node.verdict = "oom"
         limit = self.plan.memory_limits.get(event.node)
@@ -297,6 +321,9 @@ class RunMachine:
         drill, stalled = self._drill_tick(t)
         if stalled:
             return drill
+        waiting = self._stalled(t)
+        if waiting:
+            return drill + self._stall(waiting)
         if self.chief_ended is None:
             return drill
         hung: list[str] = []
@@ -335,6 +362,35 @@ class RunMachine:
             return actions
         actions.append(Stop(tuple(hung + finished)))
         return actions + self._maybe_done()
+
+    def _stalled(self, t: float) -> list[str]:
+        """The finishers that never printed a step, where nothing of the run printed or computed for stall_s."""
+        plan = self.plan
+        if not plan.stall_s or not self.released or self._released_t is None or self.drills or self.gang \
+                or self.reviving or self.figures is None:
+            return []
+        since = t - plan.stall_s
+        first, last = self.figures
+        if self._released_t > since or first > since or t - last > FIGURES_STALE_S:
+            return []  # not that long yet, or the CPU figures do not cover it
+        running = [node for node in self.nodes.values() if node.running]
+        if any(when is not None and when > since
+               for node in running for when in (node.last_said, node.last_busy, node.last_progress)):
+            return []
+        return [name for name in plan.finishers if self.nodes[name].running and not self.nodes[name].progressed]
+
+    def _stall(self, waiting: list[str]) -> list[Action]:
+        """The run is stalled: who waits is named, every node asked who it reaches, then everything stops."""
+        silence = f"{self.plan.stall_s:g}s"
+        for name in waiting:
+            node = self.nodes[name]
+            node.verdict = "stalled"
+            node.reason = f"printed no step, and no node of the run printed or computed for {silence}"
+        problem = (f"the run is stalled: {', '.join(waiting)} printed no step, and no node of it printed a line or "
+                   f"used the CPU for {silence} (--stall): they wait for something that does not come")
+        self.problems.append(problem)
+        check: list[Action] = [Check(tuple(self.running()), tuple(waiting))]
+        return check + self._end("stalled", 1, problem, verdict_for_running="stopped")
 
     def _tearing_down(self, node: NodeRun) -> bool:
         """A finisher that trained, and whose runtime then called the chief's coordination service after the
@@ -406,7 +462,7 @@ class RunMachine:
         stalled = self.drills.stalled(t, max(last) if last else None)
         if stalled is None or self.gang or self.reviving:
             return drill, False
-        return drill + self._fail(f"no worker made progress in {self.plan.stall_s:g}s after the drill's "
+        return drill + self._fail(f"no worker made progress in {self.plan.drill_stall_s:g}s after the drill's "
                                   f"{describe(stalled)}: the training did not recover from it"), True
 
     def _steps(self) -> dict[str, int | None]:

@@ -22,6 +22,8 @@ class NodeRun:
     signal: str | None = None  # the signal that ended it (SIGTERM), by name
     ended_by: str | None = None  # exited, stopped, crashed, outside, oom, lease, refused, lost
     last_output: float | None = None
+    last_said: float | None = None  # its last line of its own (not an error TensorFlow's runtime logged)
+    last_busy: float | None = None  # when it last used more than a sliver of a CPU (the cluster's figures)
     leader_gone: float | None = None  # when it last said the chief's coordination service is gone
     steps: list[tuple[float, int]] = field(default_factory=list)
     rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself

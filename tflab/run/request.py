@@ -43,6 +43,7 @@ class RunRequest:
     drill: tuple[faults.Fault, ...] = ()
     expect: str | None = None
     via: str = "docker"
+    stall_s: float = 120.0  # a run in which nothing prints or computes this long is stalled (0: never)
 
 
 @dataclass
@@ -74,7 +75,7 @@ def prepare_run(lf: LabFiles, request: RunRequest, open_side: Callable[[], LabBa
     definition = request.definition
     run_lab = knob_rules.run_lab(lf.lab, request.knobs)
     plan = run_plan(run_lab, definition, grace_s=request.grace_s, timeout_s=request.timeout_s,
-                    restarts=request.restarts, faults=request.drill, expect=request.expect)
+                    restarts=request.restarts, faults=request.drill, expect=request.expect, stall_s=request.stall_s)
     if not plan.finishers:
         raise UserError(f"task {definition.name}: every node only serves ({', '.join(definition.servers)}); "
                         "nothing would end the run. Make the lab with --chief, or list fewer servers")

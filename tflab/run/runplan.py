@@ -34,14 +34,17 @@ class RunPlan:
     memory_limits: dict[str, str] = field(default_factory=dict)  # node -> its memory limit, as people read it
     faults: tuple[Fault, ...] = ()  # the drill (`--fault`)
     expect: str | None = None  # survive | fail: what the drill should do to the training
-    stall_s: float = 60.0  # a drilled run that makes no progress this long is ended, the drill named
+    drill_stall_s: float = 60.0  # a drilled run that makes no progress this long is ended, the drill named
+    # A run whose finishers printed no step, and in which no node printed or computed, for this long is stalled: it
+    # ends, saying who never joined (0: never)
+    stall_s: float = 120.0
     # Restarts of an all-reduce job restart every worker (they train in lockstep; one cannot rejoin alone).
     gang_restart: bool = False
 
 
 def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | None = None,
              restarts: int = 0, ready_timeout_s: float = 120.0, faults: tuple[Fault, ...] = (),
-             expect: str | None = None) -> RunPlan:
+             expect: str | None = None, stall_s: float = 120.0) -> RunPlan:
     """The run state machine's plan for `task` on `lab`."""
     servers, sidecars, finishers = start_order(lab, task)
     return RunPlan(
@@ -57,6 +60,7 @@ def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | Non
         memory_limits={n.name: memory_text(n.share.memory_mib) for n in lab.nodes if n.share.memory_mib},
         faults=faults,
         expect=expect,
+        stall_s=stall_s,
         gang_restart=not servers,
     )
 

@@ -64,8 +64,20 @@ class TaskRun:
         rate = lf.config.links.rate if knobs.link_rate is None else knobs.link_rate
         shaped = rate is not None and rate != knob_rules.UNSHAPED
         self.watch = (ClusterWatch(executor, lab, self.folder, self.launcher.machine, host_cpus,
-                                   link_mbit=links.rate_bits(rate) / 1e6 if rate is not None and shaped else None)
+                                   link_mbit=links.rate_bits(rate) / 1e6 if rate is not None and shaped else None,
+                                   on_cpu=self.launcher.heard_cpu)
                       if options.metrics else None)
+
+    def diagnoses(self, result: RunResult) -> dict[str, dict[str, str]]:
+        """The known failure each failed or stalled node's output shows; a stalled one's output naming none, what
+        the look at the stalled cluster found."""
+        verdicts = {name: node.verdict for name, node in result.machine.nodes.items()}
+        found = {node: failure.as_dict()
+                 for node, failure in failures.diagnose_nodes(verdicts, self.folder / history.LOG_DIR).items()}
+        if result.stall is not None:
+            for node in result.stall.record["stalled"]:
+                found.setdefault(node, result.stall.diagnosis)
+        return found
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
         """Stop the run (safe in a signal handler)."""
@@ -87,12 +99,11 @@ class TaskRun:
                 result = self.launcher.execute()
             finally:
                 limit = self.watch.stop() if self.watch is not None else None
-            verdicts = {name: node.verdict for name, node in result.machine.nodes.items()}
-            diagnoses = failures.diagnose_nodes(verdicts, self.folder / history.LOG_DIR)
             report = self.record.write("finished", result.machine, result.result_line, result.first_step_s,
                                      limit=limit.as_dict() if limit is not None else None,
                                      cluster=self.watch.series.means() if self.watch is not None else None,
-                                     diagnoses={node: found.as_dict() for node, found in diagnoses.items()})
+                                     diagnoses=self.diagnoses(result),
+                                     stall=result.stall.record if result.stall is not None else None)
             return result, report
         finally:
             try:

@@ -1,0 +1,147 @@
+"""What a stalled run's cluster says of itself: who never joined, who cannot reach whom, a proxy on the way. Pure.
+
+When a run stalls (run/machine: finishers that printed no step, and no node that printed or computed
+for --stall seconds), each node of the run is asked, before anything stops, whether every other node's
+TensorFlow port answers from it, and which proxy variables its processes see (engine/guardcmd.reach).
+Read here as a cluster's expert reads it: a node whose port answers from nowhere never joined (its
+program never started its server); a node whose programs send their peers' connections to a proxy
+(gRPC honours grpc_proxy, https_proxy and http_proxy, and passes by the hosts no_proxy names) waits on
+something that cannot reach them; a pair that cannot reach each other though the port answers elsewhere
+has something between them; and where every port answers directly, the wait is the program's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tflab.plan.topology import GRPC_PORT
+
+# What gRPC reads (lower case only), in its order: the proxy, and the hosts it passes by.
+GRPC_PROXIES = ("grpc_proxy", "https_proxy", "http_proxy")
+GRPC_NO_PROXY = ("no_grpc_proxy", "no_proxy")
+REACHED = 0  # the probe's answer when the port accepted
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one node said: whether each peer's port answered from it, the proxy variables its programs see."""
+
+    node: str
+    answers: dict[str, bool] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def read_look(node: str, output: str, program_env: Mapping[str, str] | None = None) -> Look:
+    """A node's answer (`reach PEER CODE` and `env NAME=VALUE` lines), with what the run's programs get on top of the
+    node's environment (`program_env`: a run's --env, for instance)."""
+    answers: dict[str, bool] = {}
+    env: dict[str, str] = {}
+    for line in output.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "reach":
+            peer, _, code = rest.rpartition(" ")
+            answers[peer] = code.strip() == str(REACHED)
+        elif word == "env":
+            name, _, value = rest.partition("=")
+            env[name] = value
+    for name, value in (program_env or {}).items():
+        if name.lower() in GRPC_PROXIES + GRPC_NO_PROXY:
+            env[name] = value
+    return Look(node, answers, env)
+
+
+def proxy_for(env: Mapping[str, str], host: str) -> tuple[str, str] | None:
+    """(the variable, the proxy) gRPC sends a connection to `host` through under `env`; None where it goes directly."""
+    chosen = next(((name, env[name]) for name in GRPC_PROXIES if env.get(name)), None)
+    if chosen is None:
+        return None
+    bypass = next((env[name] for name in GRPC_NO_PROXY if env.get(name) is not None), "")
+    for entry in (item.strip().lower() for item in bypass.split(",")):
+        if entry == "*" or (entry and host.lower().endswith(entry.lstrip("*"))):
+            return None
+    return chosen
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the look found: sentences to say, and the record run.json keeps (`stall`)."""
+
+    said: list[str]
+    record: dict[str, Any]
+    diagnosis: dict[str, str]  # id, cause, cure: for the stalled nodes, where their output names nothing known
+
+
+def findings(stalled: Sequence[str], looks: Mapping[str, Look]) -> Findings:
+    """Who never joined, who cannot reach whom and why, from every node's look."""
+    nodes = list(looks)
+    never_joined = [peer for peer in nodes if not any(look.answers.get(peer) for look in looks.values())
+                    and any(peer in look.answers for look in looks.values())]
+    joined = [peer for peer in nodes if peer not in never_joined]
+    proxied: dict[str, dict[str, tuple[str, str]]] = {}
+    for look in looks.values():
+        for peer in look.answers:
+            through = proxy_for(look.env, peer)
+            if through is not None:
+                proxied.setdefault(look.node, {})[peer] = through
+    cut = [(look.node, peer) for look in looks.values() for peer, answered in look.answers.items()
+           if not answered and peer in joined]
+    said: list[str] = []
+    if never_joined and not joined:
+        said.append(f"no node's TensorFlow port answers ({', '.join(f'{n}:{GRPC_PORT}' for n in nodes)}): none of "
+                    "the programs started its server, or they listen elsewhere than TF_CONFIG says")
+    else:
+        for peer in never_joined:
+            said.append(f"{peer} never joined: no node reaches {peer}:{GRPC_PORT} (its program has not started its "
+                        "TensorFlow server: look at what it does before that)")
+    for node, peers in proxied.items():
+        names = sorted(peers)
+        variable, proxy = peers[names[0]]
+        said.append(f"{node}'s programs send their connections to {', '.join(names)} through the proxy {proxy} (its "
+                    f"{variable}), which cannot reach the lab's nodes: its no_proxy does not name them")
+    for node, peer in cut:
+        where = [look.node for look in looks.values() if look.answers.get(peer)]
+        said.append(f"{node} cannot reach {peer}:{GRPC_PORT}, which answers from {', '.join(where)}: something between "
+                    "them drops it (a `tflab fault cut`? a firewall)")
+    waits = []
+    for node in stalled:
+        if node not in looks:
+            continue
+        blocked = sorted({*never_joined, *proxied.get(node, {}), *(p for n, p in cut if n == node)} - {node})
+        if node in never_joined:
+            waits.append(f"{node} has not started its TensorFlow server")
+        else:
+            waits.append(f"{node} waits for {', '.join(blocked)}" if blocked else
+                         f"{node} waits, though every peer's port answers from it")
+    if not said:
+        said.append("every node reaches every other node's TensorFlow port directly: the wait is in the program (an "
+                    "address no node has in its own cluster list, rather than TF_CONFIG's? a peer that never asks?)")
+    record = {"stalled": list(stalled), "never_joined": never_joined, "unreachable": [list(pair) for pair in cut],
+              "proxied": {node: {peer: proxy for peer, (_, proxy) in peers.items()} for node, peers in proxied.items()},
+              "waits": waits, "said": said}
+    return Findings(said=said + waits, record=record, diagnosis=_diagnosis(never_joined, joined, proxied, cut))
+
+
+def _diagnosis(never_joined: list[str], joined: list[str], proxied: Mapping[str, Mapping[str, tuple[str, str]]],
+               cut: list[tuple[str, str]]) -> dict[str, str]:
+    if proxied:
+        return {"id": "stall-proxy",
+                "cause": "the nodes' programs send their connections to each other through a proxy (gRPC honours "
+                         "http_proxy), which cannot reach the lab's nodes",
+                "cure": "name the lab's nodes in NO_PROXY and no_proxy (tflab does, where the Docker client puts "
+                        "proxies into the nodes: a run's --env, or the program, must not take them out)"}
+    if never_joined:
+        return {"id": "stall-never-joined",
+                "cause": (f"{', '.join(never_joined)} never started its TensorFlow server: the others wait for it"
+                          if joined else "no node started its TensorFlow server"),
+                "cure": "look at what that program does before it makes its strategy or server (its log: "
+                        "runs/TASK/logs/NODE.log); a program must create it on every node"}
+    if cut:
+        return {"id": "stall-unreachable",
+                "cause": "some node cannot reach another's TensorFlow port",
+                "cure": "heal what cuts them (`tflab fault clear`, a firewall rule)"}
+    return {"id": "stall-in-program",
+            "cause": "every node reaches every other; the programs wait for something of their own: an address in "
+                     "their own cluster list that no node has, a peer that never asks",
+            "cure": "let the program read the cluster from TF_CONFIG (or the task's placeholders); see its log"}
