@@ -51,12 +51,15 @@ def code(tmp_path_factory) -> Path:
     shutil.copytree(CORPUS, folder)
     for name in ("allreduce.py", "tflab_example.py"):
         shutil.copy(REPO / "examples" / name, folder / name)
-    shutil.copy(REPO / "tests" / "programs" / "which_keras.py", folder / "which_keras.py")
+    for name in ("which_keras.py", "never_joins.py", "slow_start.py"):
+        shutil.copy(REPO / "tests" / "programs" / name, folder / name)
     doc = yaml.safe_load((folder / "tflab.yaml").read_text())
     doc["tasks"].update({
         "allreduce": {"command": "python /workspace/allreduce.py", "batch": "32 per worker"},
         "which_keras": "python /workspace/which_keras.py",
         "which_keras_cold": {"command": "python /workspace/which_keras.py", "preload": False},
+        "never_joins": "python /workspace/never_joins.py",
+        "slow_start": "python /workspace/slow_start.py",
     })
     (folder / "tflab.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return folder
@@ -175,6 +178,35 @@ def test_multi_worker_programs_fail_on_keras_3_and_train_on_keras_2(mw: Path, be
     trained(result, record)
 
 
+# -- no run waits in silence ----------------------------------------------------------------------------------------
+
+def test_a_run_sent_through_the_proxy_is_stalled_and_says_so(mw: Path, behind_a_proxy: Path) -> None:
+    """A run's --env that takes NO_PROXY out: gRPC sends the workers' connections to the proxy, which does not exist,
+    and they wait for each other in silence (it waited 300 s, until killed, before --stall)."""
+    result, record = run(mw, "allreduce", behind_a_proxy, "--env", "NO_PROXY=", "--env", "no_proxy=", "--stall", "20")
+    assert result.exit_code == 1 and record["verdict"] == "stalled", result.stdout[-3000:]
+    assert record["duration_s"] < 120, "it ends at its stall, not at its timeout"
+    said = " ".join(result.stdout.split())
+    assert ("worker0's programs send their connections to worker1 through the proxy http://127.0.0.1:3128 (its "
+            "http_proxy), which cannot reach the lab's nodes") in said, result.stdout[-3000:]
+    assert record["stall"]["proxied"] == {"worker0": {"worker1": PROXY}, "worker1": {"worker0": PROXY}}
+    assert {row["diagnosis"]["id"] for row in record["nodes"].values()} == {"stall-proxy"}
+    assert "cause (worker0, worker1): the nodes' programs send their connections to each other through a proxy" in said
+
+
+def test_a_worker_that_never_joins_is_named_and_a_slow_honest_start_is_not(mw: Path, behind_a_proxy: Path) -> None:
+    result, record = run(mw, "never_joins", behind_a_proxy, "--stall", "20")
+    assert result.exit_code == 1 and record["verdict"] == "stalled", result.stdout[-3000:]
+    said = " ".join(result.stdout.split())
+    assert "worker1 never joined: no node reaches worker1:2222" in said and "worker0 waits for worker1" in said
+    assert record["stall"]["never_joined"] == ["worker1"]
+    assert record["nodes"]["worker1"]["diagnosis"]["id"] == "stall-never-joined"
+    # computing for 20 s before its first step, printing nothing: slow, honest, not stalled
+    result, record = run(mw, "slow_start", behind_a_proxy, "--stall", "8")
+    assert result.exit_code == 0 and record["verdict"] == "ok", result.stdout[-3000:]
+    assert "step 3" in result.stdout
+
+
 # -- the corpus: ParameterServerStrategy with a chief ---------------------------------------------------------------
 
 @pytest.mark.waits
@@ -200,7 +232,9 @@ def test_the_parameter_server_tutorial_as_written_fails_as_on_a_cluster_and_trai
 
 @pytest.mark.waits
 def test_kubeflows_dist_mnist_trains_on_keras_2_and_fails_on_keras_3(ps: Path, behind_a_proxy: Path) -> None:
-    result, record = run(ps, "kf_dist_mnist", behind_a_proxy)
+    """Trained with --stall 10: the chief says nothing for seconds at a time while the workers, which only serve,
+    compute its steps: a coordinator that waits on busy workers is never stalled."""
+    result, record = run(ps, "kf_dist_mnist", behind_a_proxy, "--stall", "10")
     trained(result, record)
     assert "Evaluation accuracy:" in result.stdout
     result, record = run(ps, "kf_dist_mnist", behind_a_proxy, *KERAS_3)
