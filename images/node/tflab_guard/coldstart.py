@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from tflab_guard import commands, proctitle
+from tflab_guard import proctitle
 
 # The prefixes of what TensorFlow, Keras and the libraries below them (XLA, CUDA, oneDNN, OpenMP, NCCL, gRPC)
 # read from the environment as they are imported or load their native side.
@@ -40,8 +40,12 @@ def import_time(name):
 class Watch(object):
     """The program's writes to import-time variables, watched until it imports TensorFlow (or Keras)."""
 
-    def __init__(self, argv):
+    def __init__(self, argv, executable, title):
+        """`argv` as the program was given it, `executable` its interpreter's path on the node, `title` its command
+        line as `ps` shows it."""
         self.argv = list(argv)
+        self.executable = executable
+        self.title = title
         self.env = dict(os.environ)
         self.cwd = os.getcwd()
         self.importing = builtins.__import__
@@ -80,12 +84,12 @@ class Watch(object):
         if self.done or not import_time(name) or os.environ.get(name) == value:
             return
         self.stop()
-        start_over(self.argv, self.env, self.cwd, name)
+        start_over(self.argv, self.executable, self.title, self.env, self.cwd, name)
 
 
-def start_over(argv, env, cwd, name):
-    """Run `argv` anew in a new interpreter (its environment and folder as it started), wait for it, and end as it
-    ended (never returns)."""
+def start_over(argv, executable, title, env, cwd, name):
+    """Run `argv` anew in a new interpreter (`executable`; its environment and folder as it started), wait for it,
+    and end as it ended (never returns)."""
     script = os.path.basename(argv[1]) if len(argv) > 1 else argv[0]
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -100,12 +104,11 @@ def start_over(argv, env, cwd, name):
         try:
             _dispose(own + (signal.SIGPIPE, signal.SIGXFSZ), signal.SIG_DFL)  # as a process started anew has them
             os.chdir(cwd)
-            program = commands.resolve(argv[0], env) or argv[0]
-            os.execve(program, argv, env)
+            os.execve(executable, argv, env)
         except BaseException:  # noqa: BLE001 - never back into the warm interpreter's code
             os.write(2, ("tflab: cannot start %s again: %s\n" % (argv[0], sys.exc_info()[1])).encode())
         os._exit(127)
-    proctitle.set_title("tflab-guard cold start of %s" % commands.command_line(argv), "tflab-cold")
+    proctitle.set_title("tflab-guard cold start of %s" % title, "tflab-cold")
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)

@@ -127,7 +127,7 @@ def run_program(argv):
     from tflab_guard import coldstart
 
     script = argv[1]
-    watch = coldstart.Watch(argv)
+    watch = coldstart.Watch(argv, resolve(argv[0], os.environ) or argv[0], command_line(argv))
     sys.argv = argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
