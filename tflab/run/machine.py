@@ -62,11 +62,8 @@ from tflab.run.events import (
 )
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import FINISHER, SERVER, SIDECAR, RunPlan
+from tflab.run.stalls import StallRule
 from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, teardown_message
-
-
-BUSY_CPU = 0.05  # CPUs' worth: a node that used more computed (an idle TensorFlow process and tflab's own, less)
-FIGURES_STALE_S = 10.0  # CPU figures older than this do not say what the nodes do now
 
 
 class RunMachine:
@@ -100,7 +97,7 @@ class RunMachine:
         self.back_before_end: dict[str, DrillState] = {}
         self.gang: set[str] = set()  # finishers being stopped for a restart of them all
         self.gang_restarts = 0
-        self.figures: tuple[float, float] | None = None  # (first, last) time the nodes' CPU figures were heard
+        self.stall_rule = StallRule(plan.stall_s)
 
     # -- the one entry point -------------------------------------------------------------------
 
@@ -294,11 +291,7 @@ class RunMachine:
         return self._end("failed", 1, problem, verdict_for_running="stopped")
 
     def _busy(self, event: Busy) -> list[Action]:
-        self.figures = (self.figures[0] if self.figures else event.t, event.t)
-        for name, used in event.cpu:
-            node = self.nodes.get(name)
-            if node is not None and (used is None or used >= BUSY_CPU):  # a figure missing: it may have computed
-                node.last_busy = event.t
+        self.stall_rule.heard(event, self.nodes)
         return []
 
     def _oom(self, node: NodeRun, event: Exited) -> list[Action]:
@@ -364,20 +357,11 @@ class RunMachine:
         return actions + self._maybe_done()
 
     def _stalled(self, t: float) -> list[str]:
-        """The finishers that never printed a step, where nothing of the run printed or computed for stall_s."""
-        plan = self.plan
-        if not plan.stall_s or not self.released or self._released_t is None or self.drills or self.gang \
-                or self.reviving or self.figures is None:
+        """The finishers that never printed a step, where nothing of the run printed or computed for stall_s (not
+        while a drill or a restart is under way: they have rules of their own)."""
+        if not self.released or self._released_t is None or self.drills or self.gang or self.reviving:
             return []
-        since = t - plan.stall_s
-        first, last = self.figures
-        if self._released_t > since or first > since or t - last > FIGURES_STALE_S:
-            return []  # not that long yet, or the CPU figures do not cover it
-        running = [node for node in self.nodes.values() if node.running]
-        if any(when is not None and when > since
-               for node in running for when in (node.last_said, node.last_busy, node.last_progress)):
-            return []
-        return [name for name in plan.finishers if self.nodes[name].running and not self.nodes[name].progressed]
+        return self.stall_rule.waiting(t, self._released_t, self.nodes, self.plan.finishers)
 
     def _stall(self, waiting: list[str]) -> list[Action]:
         """The run is stalled: who waits is named, every node asked who it reaches, then everything stops."""

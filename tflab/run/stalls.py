@@ -1,7 +1,8 @@
-"""What a stalled run's cluster says of itself: who never joined, who cannot reach whom, a proxy on the way. Pure.
+"""When a run is stalled, and what its cluster then says of itself: who never joined, a proxy on the way. Pure.
 
-When a run stalls (run/machine: finishers that printed no step, and no node that printed or computed
-for --stall seconds), each node of the run is asked, before anything stops, whether every other node's
+A run stalls (StallRule, asked by run/machine) where finishers printed no step, and no node printed a
+line of its own or computed, for --stall seconds, by the cluster's CPU figures covering that time. Then
+each node of the run is asked, before anything stops, whether every other node's
 TensorFlow port answers from it, and which proxy variables its processes see (engine/guardcmd.reach).
 Read here as a cluster's expert reads it: a node whose port answers from nowhere never joined (its
 program never started its server); a node whose programs send their peers' connections to a proxy
@@ -17,6 +18,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tflab.plan.topology import GRPC_PORT
+from tflab.run.events import Busy
+from tflab.run.noderun import NodeRun
+
+BUSY_CPU = 0.05  # CPUs' worth: a node that used more computed (an idle TensorFlow process and tflab's own use less)
+FIGURES_STALE_S = 10.0  # CPU figures older than this do not say what the nodes do now
+
+
+class StallRule:
+    """The nodes' CPU as the cluster's figures tell it, and whether the run has been silent and idle for `stall_s`."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.figures: tuple[float, float] | None = None  # the first and the last time figures were heard
+
+    def heard(self, event: Busy, nodes: Mapping[str, NodeRun]) -> None:
+        self.figures = (self.figures[0] if self.figures else event.t, event.t)
+        for name, used in event.cpu:
+            node = nodes.get(name)
+            if node is not None and (used is None or used >= BUSY_CPU):  # a figure missing: it may have computed
+                node.last_busy = event.t
+
+    def waiting(self, t: float, released: float, nodes: Mapping[str, NodeRun], finishers: Sequence[str]) -> list[str]:
+        """The running finishers that printed no step, where no running node printed, computed or progressed since
+        `stall_s` ago (the figures covering that time, and the workers released before it); [] otherwise."""
+        if not self.stall_s or self.figures is None:
+            return []
+        since = t - self.stall_s
+        first, last = self.figures
+        if released > since or first > since or t - last > FIGURES_STALE_S:
+            return []  # not that long yet, or the CPU figures do not cover it
+        running = [node for node in nodes.values() if node.running]
+        if any(when is not None and when > since
+               for node in running for when in (node.last_said, node.last_busy, node.last_progress)):
+            return []
+        return [name for name in finishers if nodes[name].running and not nodes[name].progressed]
 
 # What gRPC reads (lower case only), in its order: the proxy, and the hosts it passes by.
 GRPC_PROXIES = ("grpc_proxy", "https_proxy", "http_proxy")
