@@ -188,7 +188,7 @@ def test_a_run_sent_through_the_proxy_is_stalled_and_says_so(mw: Path, behind_a_
     assert record["duration_s"] < 120, "it ends at its stall, not at its timeout"
     said = " ".join(result.stdout.split())
     assert ("worker0's programs send their connections to worker1 through the proxy http://127.0.0.1:3128 (its "
-            "http_proxy), which cannot reach the lab's nodes") in said, result.stdout[-3000:]
+            "https_proxy), which cannot reach the lab's nodes") in said, result.stdout[-3000:]
     assert record["stall"]["proxied"] == {"worker0": {"worker1": PROXY}, "worker1": {"worker0": PROXY}}
     assert {row["diagnosis"]["id"] for row in record["nodes"].values()} == {"stall-proxy"}
     assert "cause (worker0, worker1): the nodes' programs send their connections to each other through a proxy" in said
