@@ -27,6 +27,7 @@ from tflab.host import locks, proc
 from tflab.host.signals import stop_signals
 from tflab.plan import tasks
 from tflab.run.command import CommandRun
+from tflab.run import failures
 from tflab.run.exec_session import ExecResult, ExecSession, ExecSetup
 from tflab.run.runplan import exec_plan, run_plan
 
@@ -92,6 +93,10 @@ def exec_(
         result = session.run()
     output.finish()
     err.print(f"tflab: {exec_verdict(node, task.name, result)}", markup=False)
+    if result.verdict in failures.DIAGNOSED and result.log is not None:  # a known failure's cause and cure
+        found = failures.diagnose(failures.last_lines(result.log))
+        for line in failures.said({node: found.as_dict()}) if found is not None else []:
+            err.print(line, markup=False)
     sys.exit(result.code)
 
 
