@@ -30,6 +30,7 @@ from docker.models.containers import Container
 from tflab.engine.containers import labelled
 from tflab.errors import EngineError, UserError
 from tflab.host.fanout import parallel
+from tflab.plan.proxies import NO_PROXY_VARS
 
 SERVICE_KEYS = {"image", "hostname", "working_dir", "init", "restart", "shm_size", "cpuset", "cpus", "mem_limit",
                 "memswap_limit", "ulimits", "cap_add", "labels",
@@ -181,6 +182,23 @@ def ensure_network(client: docker.DockerClient, name: str, key: str, project: st
             raise EngineError(f"cannot make the lab's network {name}: {exc.explanation or exc}") from exc
 
 
+def pass_by_network(client: docker.DockerClient, service: Service) -> None:
+    """A node whose NO_PROXY names the lab's nodes (the compose file's, where it carries proxies) names the lab
+    network's addresses too: a program that connects to a peer by its address passes the proxy by as well. The
+    network's subnet is the engine's choice, known once the network is made."""
+    env = service.create.get("environment") or {}
+    named = [name for name in NO_PROXY_VARS if env.get(name)]
+    if not named:
+        return
+    try:
+        subnets = [c["Subnet"] for c in client.networks.get(service.network).attrs["IPAM"]["Config"] or []
+                   if c.get("Subnet")]
+    except (docker.errors.APIError, KeyError, TypeError):
+        return
+    for name in named:
+        env[name] = ",".join(dict.fromkeys([*env[name].split(","), *subnets]))
+
+
 def start(client: docker.DockerClient, doc: dict[str, Any], lab_dir: Path, project: str, compose_file: Path,
           on_running: Callable[[str, Container], None]) -> dict[str, Container]:
     """Make every node run as the compose file says (all at once); `on_running(node, container)` as each does.
@@ -192,6 +210,8 @@ def start(client: docker.DockerClient, doc: dict[str, Any], lab_dir: Path, proje
     for key, network in (doc.get("networks") or {}).items():
         ensure_network(client, f"{project}_{key}", key, project, {str(k): str(v) for k, v in
                                                                   ((network or {}).get("labels") or {}).items()})
+    for service in wanted:
+        pass_by_network(client, service)
     existing = {c.labels.get("com.docker.compose.service"): c for c in
                 labelled(client, f"com.docker.compose.project={project}")}
     for name, container in existing.items():
