@@ -277,3 +277,16 @@ def test_help_reads_plainly_piped_and_gen_groups_its_options(runner) -> None:
     headings = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
     assert headings == ["Topology:", "A node's resources:", "Ports:", "Images, code and data:", "Links and faults:",
                         "Beyond one host:", "The lab:", "Options:"], headings
+
+
+def test_gen_goes_on_where_the_index_of_labs_cannot_be_written(runner, tmp_path: Path, own_lab_index: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only cache folder (a shared account, a container): gen still writes the lab, with the ports in use."""
+    from tflab.host import labindex
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setattr(labindex, "index_path", lambda: blocked / "labs.json")
+    result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "lab" / "tflab.yaml").read_text())["ports"]["ssh_base"] == 20022

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tflab.errors import UserError
@@ -28,8 +28,14 @@ def index_path() -> Path:
 
 @contextmanager
 def locked() -> Iterator[None]:
-    """While inside, no other `gen` of this user reads or writes the index."""
-    with file_lock(index_path().with_suffix(".lock")):
+    """While inside, no other `gen` of this user reads or writes the index (where the cache folder cannot be
+    written, gen goes on without it: the ports in use on the host still count)."""
+    held = ExitStack()
+    try:
+        held.enter_context(file_lock(index_path().with_suffix(".lock")))
+    except OSError:
+        pass
+    with held:
         yield
 
 
@@ -76,7 +82,10 @@ def record(root: Path) -> None:
     if ports is not None:
         labs[str(root.resolve())] = ports
     path = index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"labs": labs}, indent=1) + "\n")
-    temporary.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"labs": labs}, indent=1) + "\n")
+        temporary.replace(path)
+    except OSError:
+        pass  # a cache folder that cannot be written: the next gen knows the ports in use only
