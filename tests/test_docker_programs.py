@@ -10,8 +10,10 @@ traffic there would wait for ever.
 - `mw`: two workers (`--ps 0`) for MultiWorkerMirroredStrategy, with `--pip tf-keras` and the TensorFlow's
   own Keras (3): a run's `--env TF_USE_LEGACY_KERAS=1` gives Keras 2. Its image holds one TensorFlow.
 - `ps`: two parameter servers, two workers and a chief for ParameterServerStrategy, with `--keras 2`: a run's
-  `--env TF_USE_LEGACY_KERAS=0` gives Keras 3. Its tests are marked `waits`: scripts/test.sh runs them in the
-  lane beside the training tests, which run the `mw` lab's (each lane makes only the labs its tests use).
+  `--env TF_USE_LEGACY_KERAS=0` gives Keras 3.
+- `plain`: two workers on the base's own image, for the runs that stall on purpose.
+The tests of `ps` and `plain` are marked `waits`: scripts/test.sh runs them in the lane beside the training
+tests, which run the `mw` lab's (each lane makes only the labs its tests use).
 """
 
 from __future__ import annotations
@@ -90,6 +92,13 @@ def mw(module_labs, code, behind_a_proxy) -> Path:
 @pytest.fixture(scope="module")
 def ps(module_labs, code, behind_a_proxy) -> Path:
     return proxied_lab(module_labs, code, behind_a_proxy, "--ps", "2", "--chief", "--keras", "2", nodes=4)
+
+
+@pytest.fixture(scope="module")
+def plain(module_labs, code, behind_a_proxy) -> Path:
+    """Two workers with the base's own image (nothing to build), behind the proxy: for the runs that mostly wait
+    (a stall's 20 s), in the waiting lane."""
+    return proxied_lab(module_labs, code, behind_a_proxy, "--ps", "0", nodes=2)
 
 
 def run(lab: Path, task: str, config: Path, *args: str):
@@ -181,10 +190,11 @@ def test_multi_worker_programs_fail_on_keras_3_and_train_on_keras_2(mw: Path, be
 
 # -- no run waits in silence ----------------------------------------------------------------------------------------
 
-def test_a_run_sent_through_the_proxy_is_stalled_and_says_so(mw: Path, behind_a_proxy: Path) -> None:
+@pytest.mark.waits
+def test_a_run_sent_through_the_proxy_is_stalled_and_says_so(plain: Path, behind_a_proxy: Path) -> None:
     """A run's --env that takes NO_PROXY out: gRPC sends the workers' connections to the proxy, which does not exist,
     and they wait for each other in silence (it waited 300 s, until killed, before --stall)."""
-    result, record = run(mw, "allreduce", behind_a_proxy, "--env", "NO_PROXY=", "--env", "no_proxy=", "--stall", "20")
+    result, record = run(plain, "allreduce", behind_a_proxy, "--env", "NO_PROXY=", "--env", "no_proxy=", "--stall", "20")
     assert result.exit_code == 1 and record["verdict"] == "stalled", result.stdout[-3000:]
     assert record["duration_s"] < 120, "it ends at its stall, not at its timeout"
     said = " ".join(result.stdout.split())
@@ -195,15 +205,16 @@ def test_a_run_sent_through_the_proxy_is_stalled_and_says_so(mw: Path, behind_a_
     assert "cause (worker0, worker1): the nodes' programs send their connections to each other through a proxy" in said
 
 
-def test_a_worker_that_never_joins_is_named_and_a_slow_honest_start_is_not(mw: Path, behind_a_proxy: Path) -> None:
-    result, record = run(mw, "never_joins", behind_a_proxy, "--stall", "20")
+@pytest.mark.waits
+def test_a_worker_that_never_joins_is_named_and_a_slow_honest_start_is_not(plain: Path, behind_a_proxy: Path) -> None:
+    result, record = run(plain, "never_joins", behind_a_proxy, "--stall", "20")
     assert result.exit_code == 1 and record["verdict"] == "stalled", result.stdout[-3000:]
     said = " ".join(result.stdout.split())
     assert "worker1 never joined: no node reaches worker1:2222" in said and "worker0 waits for worker1" in said
     assert record["stall"]["never_joined"] == ["worker1"]
     assert record["nodes"]["worker1"]["diagnosis"]["id"] == "stall-never-joined"
     # computing for 20 s before its first step, printing nothing: slow, honest, not stalled
-    result, record = run(mw, "slow_start", behind_a_proxy, "--stall", "8")
+    result, record = run(plain, "slow_start", behind_a_proxy, "--stall", "8")
     assert result.exit_code == 0 and record["verdict"] == "ok", result.stdout[-3000:]
     assert "step 3" in result.stdout
 
@@ -245,9 +256,9 @@ def test_kubeflows_dist_mnist_trains_on_keras_2_and_fails_on_keras_3(ps: Path, b
 
 # -- behind a proxy: the lab's traffic never goes there -------------------------------------------------------------
 
-def test_behind_a_proxy_the_nodes_pass_it_by_for_each_other(mw: Path, behind_a_proxy: Path, labs) -> None:
-    """The nodes carry the client's proxies; NO_PROXY names every node, so allreduce and train reach their peers (the
-    proxy named does not exist: a connection sent there would never reach them)."""
+def test_behind_a_proxy_the_nodes_pass_it_by_for_each_other(mw: Path, behind_a_proxy: Path) -> None:
+    """The nodes carry the client's proxies; NO_PROXY names every node, so allreduce reaches its peers (the proxy
+    named does not exist: a connection sent there would never reach them)."""
     env = invoke("exec", "--lab", str(mw), "worker1", "--", "env", config=behind_a_proxy).stdout.splitlines()
     assert f"http_proxy={PROXY}" in env and f"HTTPS_PROXY={PROXY}" in env
     for name in ("NO_PROXY", "no_proxy"):  # the client's noProxy, the nodes, loopback, the lab network's subnet
@@ -256,6 +267,10 @@ def test_behind_a_proxy_the_nodes_pass_it_by_for_each_other(mw: Path, behind_a_p
                             value), value
     result, record = run(mw, "allreduce", behind_a_proxy)
     trained(result, record)
+
+
+@pytest.mark.waits
+def test_the_parameter_server_example_trains_behind_a_proxy(behind_a_proxy: Path, labs) -> None:
     lab = labs.gen(NO_WARM, nodes=3)
     assert invoke("up", "--lab", str(lab), config=behind_a_proxy).exit_code == 0
     result, record = run(lab, "train", behind_a_proxy)
