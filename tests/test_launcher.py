@@ -269,24 +269,6 @@ def test_a_warm_lab_gets_its_standbys_back_after_a_run(tmp_path: Path, warm: boo
     assert standbys == (sorted(LAB.names) if warm else [])
 
 
-def test_waiting_for_the_standbys_ends_at_a_ctrl_c() -> None:
-    """Between a sweep's points tflab waits for the nodes' standbys (up to a minute); a Ctrl-C ends the wait."""
-    import time as clock
-
-    class Importing:
-        asked = 0
-
-        def run(self, node, argv, env=None, workdir="/"):
-            Importing.asked += 1
-            return 1, ""  # the guard's `warm`: a standby is being made
-
-    stop_at = clock.monotonic() + 0.5
-    began = clock.monotonic()
-    ready = guardcmd.wait_warm(Importing(), ["ps0", "worker0"], timeout_s=60.0,  # type: ignore[arg-type]
-                               given_up=lambda: clock.monotonic() > stop_at)
-    assert ready is False and clock.monotonic() - began < 2.0 and Importing.asked >= 2
-
-
 @pytest.mark.parametrize("answers, waited", [([1, 1, 0], True), ([0], False), ([2], False)])
 def test_a_cpu_fault_first_lets_a_standby_still_importing_finish(answers: list[int], waited: bool) -> None:
     """`tflab fault cpu` sets the quota once the node's standby (one still importing) has imported TensorFlow:

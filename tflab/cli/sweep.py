@@ -15,8 +15,8 @@ from rich.text import Text
 from tflab.cli import views
 from tflab.cli.common import LabOption, ViaOption, backend, check_via, console, err_console, open_lab
 from tflab.cli.runs import terminal_sinks
-from tflab.engine import guardcmd
 from tflab.errors import UserError
+from tflab.host.fanout import background
 from tflab.host.labfiles import LabFiles
 from tflab.host.signals import stop_signals
 from tflab.plan import quality
@@ -87,7 +87,7 @@ def sweep_cmd(
             current[0].interrupt(reason, force)
 
     nodes = lf.lab.names
-    ran_one = False
+    background(sweep_report.prepare, name="sweep-imports")  # beside the first point: the end waits on no import
     with stop_signals(on_stop), Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                          TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                          console=out, transient=True) as bar:
@@ -95,10 +95,6 @@ def sweep_cmd(
         for point in todo:
             if stopped[0]:
                 break
-            if ran_one and lf.warm:
-                # a standby the last run made again (where one had gone) may still import: a run started now would
-                # import TensorFlow beside it
-                guardcmd.wait_warm(backend(lf).executor(nodes, via), nodes, given_up=lambda: stopped[0])
             definition = lf.config.task(sweep.point_task(spec, point))
             knobs = sweep.point_knobs(point, lf.lab, len(lf.config.host.cpus))
             bar.update(progress_id, description=f"point {point.number}/{total}: {point.describe()}"
@@ -115,7 +111,6 @@ def sweep_cmd(
                 break
             _result, report, session = execute_run(lf, prepared, terminal_sinks(lf, None, prepared))
             current[0] = None
-            ran_one = True
             if stopped[0] and report.verdict == "interrupted":
                 break  # what the Ctrl-C cut short is no result: --resume runs it again
             kept = _keep_run(lf, folder, point, session.folder)

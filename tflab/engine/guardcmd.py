@@ -282,33 +282,3 @@ def wait_imported(executor: Executor, node: str, timeout_s: float = 60.0) -> boo
         waited = True
         time.sleep(0.5)
     return False
-
-
-NO_STANDBY_AFTER_S = 3.0
-
-
-def wait_warm(executor: Executor, names: list[str], timeout_s: float = 60.0,
-              given_up: Callable[[], bool] = lambda: False) -> bool:
-    """Until every node's standby is ready (a run started before would import TensorFlow a second time beside
-    it, on the same CPUs); False when one was not ready in `timeout_s`, or `given_up()` says to stop waiting
-    (a Ctrl-C)."""
-    began = time.monotonic()
-    deadline = began + timeout_s
-    pending = list(names)
-    while pending:
-        still = []
-        for name in pending:
-            if given_up():
-                return False
-            try:
-                code, _ = executor.run(name, warm())
-            except TflabError:
-                continue  # no node to ask: nothing to wait for
-            # 2: none there; a standby just asked for may not have said so yet, so that counts after a moment
-            if code == 1 or code == 2 and time.monotonic() - began < NO_STANDBY_AFTER_S or code not in (0, 1, 2):
-                still.append(name)
-        pending = still
-        if not pending or time.monotonic() > deadline or given_up():
-            break
-        time.sleep(0.3)
-    return not pending

@@ -51,6 +51,23 @@ def plotted(spec: SweepSpec, rows: Sequence[Mapping[str, Any]]) -> list[tuple[st
     return shown
 
 
+def prepare() -> None:
+    """Import what the findings are drawn, fitted and written with (matplotlib, scipy, tensorboardX: about 2 s of a
+    CPU here), ahead: a sweep does it beside its first point, which mostly waits on its nodes, so that writing the
+    findings at its end waits on no import (bench/: a point at the speed of a typed run)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
+        import scipy.optimize  # noqa: F401
+        import tensorboardX  # noqa: F401
+        import tensorboardX.summary  # noqa: F401
+    except Exception:  # noqa: BLE001 - the writing imports them itself, and says what fails there
+        log.debug("could not import the findings' libraries ahead", exc_info=True)
+
+
 def plot(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]]) -> list[Path]:
     """One PNG per numeric axis and measure (speed, quality, time to target): the measure against the axis, a line
     per combination of the other axes."""
