@@ -117,6 +117,16 @@ def test_the_install_says_keras_2_and_explains_a_package_that_wants_another_tens
         "package to a release for it, or the lab's TensorFlow with --tensorflow)")
 
 
+def test_a_requirements_file_that_pins_another_tensorflow_is_told_to_pin_the_labs_instead() -> None:
+    # pip's own words (pip 23) for `-r requirements.txt` holding tensorflow==2.15.0 on a base of TensorFlow 2.21
+    output = ("ERROR: Cannot install tensorflow==2.15.0 because these package versions have conflicting dependencies."
+              "\n\nThe conflict is caused by:\n    The user requested tensorflow==2.15.0\n"
+              "    The user requested (constraint) tensorflow==2.21.0\n")
+    assert packages.failure_advice(output).endswith(
+        "(the lab's packages ask for tensorflow==2.15.0, and the image keeps its base's TensorFlow, one per image: pin "
+        "the lab's TensorFlow with --tensorflow, or image.tensorflow in tflab.yaml, rather than among its packages)")
+
+
 # -- one_tensorflow.py, the node's side, on fake installed distributions ------------------------------------------
 
 HELPER = resources.path(resources.NODE_IMAGE) / "one_tensorflow.py"

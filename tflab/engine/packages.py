@@ -75,6 +75,7 @@ def failure_line(output: str) -> str:
 # pip's words where what a package requires would replace the base's TensorFlow, which the constraints keep.
 CONFLICT = re.compile(r"(?:The conflict is caused by:|conflicting dependencies)", re.IGNORECASE)
 TENSORFLOW_NEEDED = re.compile(r"^\s*(\S+) [\w.+!-]+ depends on (tensorflow[\w-]*)\b(.*)$", re.MULTILINE)
+TENSORFLOW_ASKED = re.compile(r"^\s*The user requested (tensorflow(?:-cpu|-gpu)?\b[^\n(]*)$", re.MULTILINE)
 
 
 def failure_advice(output: str) -> str:
@@ -86,6 +87,11 @@ def failure_advice(output: str) -> str:
         return (f"{said} ({needs.group(1)} wants {needs.group(2)}{needs.group(3).rstrip()}, and the image keeps its "
                 "base's TensorFlow, one per image: pin that package to a release for it, or the lab's TensorFlow "
                 "with --tensorflow)")
+    asked = TENSORFLOW_ASKED.search(output) if CONFLICT.search(output) else None
+    if asked is not None:
+        return (f"{said} (the lab's packages ask for {asked.group(1).strip()}, and the image keeps its base's "
+                "TensorFlow, one per image: pin the lab's TensorFlow with --tensorflow, or image.tensorflow in "
+                "tflab.yaml, rather than among its packages)")
     if "certificate" in said.lower():
         return f"{said} (pass the CA bundle your network needs: `tflab base --ca-bundle`)"
     return said
