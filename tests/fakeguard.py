@@ -1,5 +1,5 @@
 """What the real guard answers, for the host-side tests' fake nodes: held to the real guard.pyz by
-tests/test_guard.py::test_the_fakes_answer_ended_as_the_real_guard_does and
+tests/test_guard.py::test_the_fakes_answer_ended_as_the_real_guard_does (its end line too) and
 test_the_fakes_answer_probe_as_the_real_guard_does."""
 
 from __future__ import annotations
@@ -8,6 +8,16 @@ import time
 from collections.abc import Callable
 
 from tflab_guard.protocol import PROBE_BUSY, PROBE_SERVING, PROBE_TIMEOUT, Ending
+
+from tflab.engine.attached import End
+
+
+def end(code: int | None, stopped: bool) -> End:
+    """What a connection tells of a program that exited with `code`, or that tflab stopped: the guard's end line
+    (a program whose end is unknown, `code` None, has none)."""
+    if stopped:
+        return End(143, None, Ending(143, "SIGTERM", "stopped"))
+    return End(None) if code is None else End(code, None, Ending(code))
 
 
 def ended(code: int | None, stopped: bool) -> tuple[int, str]:

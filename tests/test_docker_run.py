@@ -131,10 +131,30 @@ def ps_lab(module_labs, digits) -> Path:
     return lab
 
 
+def execs_of(client, project: str, since: float, until: float) -> list[tuple[str, str]]:
+    """The `docker exec`s the engine made in a lab's containers between two times, from its own events: (node, the
+    guard's verb or the command)."""
+    made = client.events(since=int(since), until=int(until) + 1, decode=True,
+                         filters={"type": "container", "event": "exec_create",
+                                  "label": f"com.docker.compose.project={project}"})
+    execs = []
+    for event in made:
+        words = event["Action"].split(": ", 1)[-1].split()
+        verb = words[2] if words[:2] == ["python3", "/usr/local/share/tflab/guard.pyz"] and len(words) > 2 else words[0]
+        execs.append((event["Actor"]["Attributes"].get("com.docker.compose.service", "?"), verb))
+    return execs
+
+
 def test_async_training_ends_with_accuracy_checkpoint_and_no_ps_left(ps_lab: Path, runner, docker_client) -> None:
     lf = labfiles.open_lab(ps_lab)
+    since = time.time()
     result = runner.invoke(cli, ["run", "train", "--lab", str(ps_lab)])
     assert result.exit_code == 0, result.stdout[-3000:]
+    # Each process's ending comes in the trip that started it: a run makes a node's process, the ps's readiness
+    # probe and each node's metrics, and nothing more (26 docker execs before the end line: 8 on the ps, 6 on each
+    # worker, several of them to learn one ending in two more trips).
+    execs = execs_of(docker_client, lf.project, since, time.time())
+    assert len(execs) <= 10, sorted(execs)
     out = result.stdout
     # Order: the ps served before any worker started.
     assert out.index("tflab: ps0 is serving on ps0:2222") < out.index("tflab: starting worker0, worker1, worker2")

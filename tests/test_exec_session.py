@@ -34,7 +34,7 @@ class FakeProcess:
                 self.code = 143
         finally:
             self.ended.set()
-            on_exit(self.code, None)
+            on_exit(fakeguard.end(self.code, self.closed.is_set()))
 
     def release(self) -> None:
         pass

@@ -47,8 +47,8 @@ def _ssh_like(script: str):
         if chunk.startswith(b"boom"):
             raise RuntimeError("a reader that fails")
 
-    def on_exit(code, reason) -> None:
-        ends.append((code, reason))
+    def on_exit(end) -> None:
+        ends.append((end.code, end.reason))
         done.set()
 
     threading.Thread(target=process.pump, args=(on_output, on_exit), daemon=True).start()
@@ -80,42 +80,82 @@ def test_close_stops_a_held_process() -> None:
 
 def test_a_stream_that_ends_before_all_of_the_output_came_through_is_read_to_its_end(tmp_path) -> None:
     """An engine can close an exec's stream before the last bytes came through, the process having ended: the
-    node still holds them. tflab asks whether it read all, attaches again from what it had, and reads the rest
-    once; a stream that brought everything is asked once and not attached again."""
+    node still holds them. A stream that ends without the guard's end line was cut: tflab attaches again from what
+    it had, reads the rest once, and answers the end line with what it read; a stream that brought everything
+    (its end line) is answered and not attached again. The end line's bytes never reach the reader."""
     import subprocess
     import threading
+
+    from tflab_guard.protocol import Ending, StreamEnd
 
     from tflab.engine.attached import Reattach
     from tflab.engine.executors import _SshProcess
 
     kept = tmp_path / "kept.out"  # what the node kept of the program's output
     kept.write_bytes(b"line 1\nline 2\nworker0: test accuracy 0.9722\n")
-    asked: list[tuple[int, int]] = []
-
-    def all_read(out: int, err: int) -> bool:
-        asked.append((out, err))
-        return out >= kept.stat().st_size
+    end_line = tmp_path / "end"  # the guard's end line: exited with 3, and all it kept
+    end_line.write_bytes(StreamEnd(Ending(3), [kept.stat().st_size, 0]).line())
+    answer = tmp_path / "answer"
+    attached: list[tuple[int, int]] = []
+    tell = f"cat '{end_line}'; cat '{end_line}' >&2; read word; echo \"$word\" > '{answer}'; exit 3"
 
     def start_child(argv, env=None, workdir="/"):
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
+    def attach(out: int, err: int) -> list[str]:
+        attached.append((out, err))
+        return ["sh", "-c", f"tail -c +{out + 1} '{kept}'; {tell}"]
+
     def read(first: list[str]) -> tuple[bytes, list]:
-        asked.clear()
-        attach = lambda out, _err: ["sh", "-c", f"tail -c +{out + 1} '{kept}'; exit 3"]  # noqa: E731
-        process = _SshProcess(start_child(first), start_child, resume=Reattach(attach, all_read))
+        attached.clear()
+        process = _SshProcess(start_child(first), start_child, resume=Reattach(attach))
         out: list[bytes] = []
         ends: list[tuple] = []
         done = threading.Event()
         threading.Thread(target=process.pump, args=(lambda chunk, _err: out.append(chunk),
-                                                    lambda code, why: (ends.append((code, why)), done.set())),
+                                                    lambda end: (ends.append((end.code, end.ending)), done.set())),
                          daemon=True).start()
         assert done.wait(10)
         return b"".join(out), ends
 
-    cut, ends = read(["sh", "-c", "printf 'line 1\\nli'; exit 3"])  # its stream ended mid-line
+    cut, ends = read(["sh", "-c", "printf 'line 1\\nli'; exit 3"])  # its stream ended mid-line, with no end line
     assert cut == kept.read_bytes(), "the rest read once, from where the stream ended"
-    assert ends == [(3, None)]
-    assert asked == [(9, 0), (len(cut), 0)]
-    whole, ends = read(["sh", "-c", f"cat '{kept}'; exit 3"])
-    assert whole == kept.read_bytes() and ends == [(3, None)]
-    assert asked == [(len(whole), 0)], "asked once, not attached again"
+    assert ends == [(3, Ending(3))]
+    assert attached == [(9, 0)]
+    assert answer.read_text() == f"delivered {len(cut)} 0\n"
+    answer.unlink()
+    whole, ends = read(["sh", "-c", f"cat '{kept}'; {tell}"])
+    assert whole == kept.read_bytes() and ends == [(3, Ending(3))]
+    assert attached == [], "not attached again"
+    assert answer.read_text() == f"delivered {len(whole)} 0\n"
+
+
+def test_an_older_guard_that_refuses_the_end_line_is_said_once_and_not_attached_again() -> None:
+    """A lab brought up by an older tflab: its guard refuses `--end-in-stream` (argparse's usage, exit 2). The run is
+    told to `tflab up`, at once: no attach again (which it would refuse too)."""
+    import subprocess
+    import threading
+
+    from tflab.engine.attached import OLD_GUARD, Reattach
+    from tflab.engine.executors import _SshProcess
+
+    refusal = ("usage: tflab-guard [-h]\n                   {run,serve,attach,delivered,hold,holders,standby,warm,"
+               "version,probe,alive,ended,metrics,stop,program}\n                   ...\ntflab-guard: error: "
+               "unrecognized arguments: --end-in-stream\n")  # the guard of protocol 3, asked to run with the end line
+    attached: list[tuple[int, int]] = []
+
+    def start_child(argv, env=None, workdir="/"):
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def attach(out: int, err: int) -> list[str]:
+        attached.append((out, err))
+        return ["sh", "-c", "exit 2"]
+
+    process = _SshProcess(start_child(["sh", "-c", f"printf '%s' '{refusal}' >&2; exit 2"]), start_child,
+                          resume=Reattach(attach))
+    ends: list = []
+    done = threading.Event()
+    threading.Thread(target=process.pump, args=(lambda _chunk, _err: None, lambda end: (ends.append(end), done.set())),
+                     daemon=True).start()
+    assert done.wait(10)
+    assert [(end.code, end.reason) for end in ends] == [(2, OLD_GUARD)] and attached == []

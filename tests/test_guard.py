@@ -57,7 +57,12 @@ def zipapp(tmp_path_factory) -> Path:
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "state"
     monkeypatch.setenv("TFLAB_GUARD_STATE", str(folder))
-    return folder
+    yield folder
+    # a standby a warm run's guard made as it ended (it stays until unclaimed for its idle time): gone with the test
+    record = folder / "standby.pid"
+    if record.exists():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            os.killpg(int(record.read_text().split()[0]), signal.SIGKILL)
 
 
 @pytest.fixture
@@ -574,9 +579,11 @@ def test_a_forked_program_draws_its_own_random_numbers(guard, standbys, python: 
 def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(guard, verb, standbys, python: Path,
                                                                             env, tmp_path: Path) -> None:
     env = fake_tensorflow(tmp_path, env)
+    assert verb("warm", env=env) == 2, "no standby in this node"
     done = guard("run", "run:t:worker1", "--warm", "--shell", "echo plain", env=env)
     assert released(done) == "plain\n" and done.returncode == 0
-    standby = standbys(env)
+    assert wait_for(lambda: verb("warm", env=env) == 0), "the next program finds one: its guard made it as it ended"
+    standby = standbys(env)  # (that one: a node has one at a time)
     program = tmp_path / "forever.py"
     program.write_text("import time\nimport tensorflow\nprint('up', flush=True)\ntime.sleep(300)\n")
     child = guard("run", "run:t:worker2", "--warm", "--grace", "0.5", "--shell", f"{python.name} {program}", env=env)
@@ -931,15 +938,26 @@ def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, pyth
     assert again.returncode == 7 and child.wait(timeout=10) == 7, "it ran to its own end"
     assert Ending.from_json((state / "run:t:worker1.exit").read_text()) == Ending(7, None, "exited")
 
-    def delivered(out: int) -> subprocess.CompletedProcess:
-        return subprocess.run([str(python), str(zipapp), "delivered", "run:t:worker1", "--out", str(out)],
-                              capture_output=True, universal_newlines=True, env=env, timeout=30)
+    from tflab_guard.protocol import EndSplitter, StreamEnd
+
+    def attach_answering(out: int, answer: str) -> tuple[int, bytes, StreamEnd | None]:
+        """An attach that asks for the end line, and tflab's answer to it: exit code, output, the end line."""
+        done = subprocess.run([str(python), str(zipapp), "attach", "run:t:worker1", "--out", str(out),
+                               "--end-in-stream"], input=answer.encode(), capture_output=True, env=env, timeout=30)
+        streams = EndSplitter(), EndSplitter()
+        own = streams[0].feed(done.stdout) + streams[0].rest()
+        streams[1].feed(done.stderr)
+        assert streams[0].end is not None and streams[1].end is not None, "the end line ends both streams"
+        assert streams[0].end.kept == streams[1].end.kept
+        return done.returncode, own, streams[0].end
 
     total = len("".join(f"line {i}\n" for i in range(1, 7)))
-    short = delivered(total - 1)  # the guard's writes succeeded; only tflab knows what reached it
-    assert (short.returncode, short.stdout) == (3, f"{total} 0\n"), "the node holds more than was read"
-    assert sorted(p.name for p in (state / "out").iterdir()) == ["run:t:worker1.err", "run:t:worker1.out"]
-    assert delivered(total).returncode == 0
+    # the guard's writes succeeded; only tflab knows what reached it: here a byte less than the node kept
+    code, own, told = attach_answering(total, f"delivered {total - 1} 0\n")
+    assert (code, own, told.ending, told.kept) == (7, b"", Ending(7, None, "exited"), [total, 0])
+    assert sorted(p.name for p in (state / "out").iterdir()) == ["run:t:worker1.err", "run:t:worker1.out"], \
+        "the node keeps its copy while tflab lacks some of it"
+    assert attach_answering(total, f"delivered {total} 0\n")[0] == 7
     assert not list((state / "out").iterdir()), "the kept output goes once tflab says it has all of it"
 
 
@@ -972,17 +990,23 @@ def test_the_fakes_answer_ended_as_the_real_guard_does(guard, verb, python: Path
     they play: a program that exits with its code, and one tflab stops."""
     import fakeguard
 
-    exits = guard("run", "k:exits", "--shell", "exit 7")
+    from tflab_guard.protocol import EndSplitter
+
+    exits = guard("run", "k:exits", "--end-in-stream", "--shell", "exit 7")
+    exits.stdin.close()  # tflab gone: the end line is not answered
     assert exits.wait(timeout=10) == 7
-    stopped = guard("run", "k:stopped", "--shell", "sleep 60")
+    stopped = guard("run", "k:stopped", "--end-in-stream", "--shell", "sleep 60")
     assert wait_for(lambda: (state / "k:stopped.pid").exists())
     stopped.stdin.write("stop\n")
-    stopped.stdin.flush()
+    stopped.stdin.close()
     assert stopped.wait(timeout=10) == 143
-    for key, code, was_stopped in (("k:exits", 7, False), ("k:stopped", 143, True)):
+    for child, key, code, was_stopped in ((exits, "k:exits", 7, False), (stopped, "k:stopped", 143, True)):
         real = subprocess.run([str(python), str(zipapp), "ended", key], capture_output=True,
                               universal_newlines=True, env=env, timeout=30)
         assert (real.returncode, real.stdout) == fakeguard.ended(code, was_stopped)
+        splitter = EndSplitter()
+        splitter.feed(child.stdout.read().encode())
+        assert splitter.end is not None and splitter.end.ending == fakeguard.end(code, was_stopped).ending
     real = subprocess.run([str(python), str(zipapp), "ended", "k:never"], capture_output=True,
                           universal_newlines=True, env=env, timeout=30)
     assert (real.returncode, real.stdout) == fakeguard.ended(None, False)

@@ -244,7 +244,7 @@ def test_an_oom_killed_worker_gets_the_verdict_oom_with_its_nodes_limit() -> Non
     plan = RunPlan(servers=("ps0",), finishers=("worker0", "worker1"), chief="worker0",
                    memory_limits={"ps0": "256M", "worker0": "256M", "worker1": "256M"})
     machine = started(plan)
-    actions = feed(machine, [Exited("worker1", 137, 9.0, "out of memory")])
+    actions = feed(machine, [Exited("worker1", 137, 9.0, signal="SIGKILL", ended_by="oom")])
     problem = "worker1 ran out of memory: the kernel's out-of-memory killer ended it at its node's limit of 256M"
     assert Finish(1, "oom", problem) in actions
     assert Stop(("ps0", "worker0")) in actions

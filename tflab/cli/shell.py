@@ -105,6 +105,7 @@ def exec_verdict(node: str, task: str, result: ExecResult) -> str:
     facts = [f"exit {result.code}", f"{result.duration_s:.1f}s"]
     if result.steps_per_s:
         facts.append(f"{result.steps_per_s:.1f} steps/s")
+    facts += [f"{metric} {value:g}" for metric, value in result.quality.items()]  # as a run's summary says them
     line = f"{node}'s {task}: {result.verdict} ({', '.join(facts)})"
     return f"{line}: {result.problem}" if result.problem and result.verdict != "interrupted" else line
 

@@ -4,13 +4,16 @@ The in-node guard reads tflab's connection a line at a time (tflab_guard.protoco
 releases a held process, `stop` stops it (its whole group: TERM, then KILL), `renew` renews
 its lease every second. The connection is not its lifeline: when it breaks while the process
 runs, tflab attaches again (`resume`) and reads its output on from where it was (the node
-keeps it). A stream that ends is not taken for all of the output either: once the process
-has ended, the node is asked whether it holds more than was read (an engine can close an
-exec's stream before the last bytes came through), and the rest is read by attaching again.
-What stops the process when tflab is really gone is the lease, which lapses without
-renewals. Its output is handed to `on_output` as it comes; `on_exit` is called exactly once,
-from a `finally`, whatever happens to the stream. The transports (engine/executors.py) say
-how to write, read, learn the exit, and start a connection again.
+keeps it). Its ending comes in the same trip: each of the process's two streams ends with the
+guard's end line (protocol.StreamEnd: how it ended, and how many bytes of each stream the node
+kept), which tflab answers with what it read (`delivered OUT ERR`), and the node forgets its
+copy once that is all of it. A stream that ends without its end line (an engine can close an
+exec's stream before the last bytes came through), or before all the node kept came through,
+is read on by attaching again, which ends the same way. What stops the process when tflab is
+really gone is the lease, which lapses without renewals. Its output is handed to `on_output`
+as it comes; `on_exit` is called exactly once, from a `finally`, whatever happens to the
+stream. The transports (engine/executors.py) say how to write, read, learn the exit, and
+start a connection again.
 """
 
 from __future__ import annotations
@@ -23,27 +26,42 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tflab_guard import protocol
+from tflab_guard.protocol import EndSplitter, Ending, StreamEnd
 
 from tflab.host.fanout import background
 
 log = logging.getLogger("tflab.executor")
 OnOutput = Callable[[bytes, bool], None]  # (chunk, is_stderr)
-OnExit = Callable[[int | None, str | None], None]  # (exit code or None, why it is unknown)
+
+
+@dataclass(frozen=True)
+class End:
+    """How a process ended, as its connection told it: the exit code (None where it is unknown, with why), and the
+    guard's own record (protocol.Ending) where its end line came through."""
+
+    code: int | None
+    reason: str | None = None
+    ending: Ending | None = None
+
+
+OnExit = Callable[[End], None]
 
 
 @dataclass(frozen=True)
 class Reattach:
-    """How to pick a process up again: `argv` attaches to it from the bytes of stdout and stderr read so far;
-    `all_read` says whether those are all of its output the node kept (once it has ended)."""
+    """How to pick a process up again: `argv` attaches to it from the bytes of stdout and stderr read so far.
+    `end_line`: its streams end with the guard's end line, so one that ended without it was cut short (and is
+    read on); without one (a lease's holder), only a broken connection is picked up again."""
 
     argv: Callable[[int, int], Sequence[str]]
-    all_read: Callable[[int, int], bool] = lambda _out, _err: True
+    end_line: bool = True
 
 
 GO = (protocol.GO + "\n").encode()
 STOP = (protocol.STOP + "\n").encode()
 RENEW = (protocol.RENEW + "\n").encode()
 RESUMES = 5  # attaching again after a broken connection, at most this many times a process
+OLD_GUARD = "this node runs an older tflab guard than this tflab: run `tflab up` to bring the lab's nodes up to date"
 
 
 class Attached(Protocol):
@@ -95,6 +113,7 @@ class GuardedProcess:
         self.renew = renew
         self.resume = resume
         self.offsets = [0, 0]  # bytes of stdout and stderr read so far
+        self.err_tail = b""  # the last bytes of stderr: an older guard's refusal of what it was asked
         self.resumed = 0
 
     def _say(self, line: bytes, last: bool = False) -> None:
@@ -122,37 +141,33 @@ class GuardedProcess:
 
     def pump(self, on_output: OnOutput, on_exit: OnExit) -> None:
         reader = _safe(on_output)
-
-        def emit(chunk: bytes, is_err: bool) -> None:
-            self.offsets[is_err] += len(chunk)
-            reader(chunk, is_err)
-
         if self.renew:
             background(self._renewing, name="renew")
-        code: int | None = None
-        reason: str | None = None
+        end = End(None, "cannot learn how it ended")
         try:
             while True:
-                lost: str | None = None
-                try:
-                    self._stream(emit)
-                except Exception as exc:  # noqa: BLE001 - any break of the stream: it may still run
-                    lost = f"lost the connection to it ({type(exc).__name__}: {exc})"
-                reason = lost
-                try:
-                    code, why = self._exit_status(stream_lost=lost is not None)
-                    reason = why or reason
-                except Exception as exc:  # noqa: BLE001
-                    code, reason = None, reason or f"cannot learn how it ended ({exc})"
-                if self.resume is None or self.resumed >= RESUMES:
-                    break
-                again: str | None = reason
-                if code is not None:  # it ended: read to its end only if the node holds no more of its output
-                    if self._all_read():
+                told, lost = self._read_stream(reader)
+                if told is not None:  # the guard's end line came through on both streams
+                    end = End(told.ending.code, None, told.ending)
+                    if told.ending.reason == protocol.OUTSIDE and self._container_stopped():
+                        end = End(told.ending.code, "its container stopped", told.ending)
+                    if told.kept == self.offsets or self.resume is None or self.resumed >= RESUMES:
                         break
-                    again = "its output ended before all of it came through"
-                elif self.closing:
-                    break
+                    again: str | None = "its output ended before all of it came through"
+                else:
+                    try:
+                        code, why = self._exit_status(stream_lost=lost is not None)
+                        end = End(code, why or lost)
+                    except Exception as exc:  # noqa: BLE001
+                        end = End(None, lost or f"cannot learn how it ended ({exc})")
+                    if protocol.is_old_guard(end.code, self.err_tail.decode(errors="replace")):
+                        end = End(end.code, OLD_GUARD)  # it refused what it was asked: nothing ran
+                        break
+                    if self.resume is None or self.resumed >= RESUMES or self.closing or (
+                            end.code is not None and not self.resume.end_line):
+                        break
+                    # it ended with no word of how (the stream was cut), or it may still run: attach again
+                    again = end.reason or "its output ended before its end line came through"
                 if not self._attach_again(again):
                     break
         finally:
@@ -162,15 +177,40 @@ class GuardedProcess:
                 except Exception:  # noqa: BLE001
                     pass
                 self.ended.set()
-            on_exit(code, reason)
+            on_exit(end)
 
-    def _all_read(self) -> bool:
-        assert self.resume is not None
+    def _read_stream(self, reader: OnOutput) -> tuple[StreamEnd | None, str | None]:
+        """Read the connection's streams to their end: the guard's end line, when it came on both, and why the
+        stream broke, if it did. The end lines are answered with what was read."""
+        splitters = (EndSplitter(), EndSplitter())
+        answered: list[bool] = []
+
+        def emit(chunk: bytes, is_err: bool) -> None:
+            data = splitters[is_err].feed(chunk)
+            if data:
+                self.offsets[is_err] += len(data)
+                if is_err:
+                    self.err_tail = (self.err_tail + data)[-2048:]
+                reader(data, is_err)
+            if splitters[0].end is not None and splitters[1].end is not None and not answered:
+                answered.append(True)
+                self._say((protocol.delivered_word(*self.offsets) + "\n").encode())
+
+        lost: str | None = None
         try:
-            return self.resume.all_read(*self.offsets)
-        except Exception:  # noqa: BLE001 - a node that cannot say has nothing more to give
-            log.debug("could not ask whether all output was read", exc_info=True)
-            return True
+            self._stream(emit)
+        except Exception as exc:  # noqa: BLE001 - any break of the stream: it may still run
+            lost = f"lost the connection to it ({type(exc).__name__}: {exc})"
+        for is_err, splitter in enumerate(splitters):
+            if splitter.end is None and (rest := splitter.rest()):  # its own bytes after all
+                self.offsets[is_err] += len(rest)
+                reader(rest, bool(is_err))
+        told = splitters[1].end if splitters[0].end is not None else None
+        return told, lost
+
+    def _container_stopped(self) -> bool:
+        """Whether the process's container is stopping or gone (a kill from outside may be the first sign of it)."""
+        return False
 
     def _attach_again(self, why: str | None) -> bool:
         """The connection broke while the process may run: attach to it again, from the output read so far."""

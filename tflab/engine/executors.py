@@ -116,6 +116,9 @@ class _DockerProcess(GuardedProcess):
                 return False
             time.sleep(0.2)
 
+    def _container_stopped(self) -> bool:
+        return not self.closing and self._container_stopping(wait_s=3.0)
+
     def _exit_status(self, stream_lost: bool) -> tuple[int | None, str | None]:
         """The exit code; None with a reason when the engine cannot tell (it may still run)."""
         deadline = time.monotonic() + 2.0

@@ -16,18 +16,16 @@ from functools import partial
 from tflab_guard import protocol
 from tflab_guard.protocol import Call, Ending
 
-from tflab.engine.attached import Reattach
+from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Executor
 from tflab.errors import TflabError, UserError
 from tflab.host.fanout import parallel
-from tflab.plan.tasks import OOM
 from tflab.plan.topology import GRPC_PORT
 
 log = logging.getLogger("tflab.guard")
 GUARD = protocol.GUARD
 STOP_GRACE_S = protocol.STOP_GRACE_S
 run_key, exec_key, serve_key = protocol.run_key, protocol.exec_key, protocol.serve_key
-OLD_GUARD = "this node runs an older tflab guard than this tflab: run `tflab up` to bring the lab's nodes up to date"
 
 
 def lease(task: str) -> str:
@@ -38,42 +36,29 @@ def lease(task: str) -> str:
 def run_line(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
              grace_s: float = STOP_GRACE_S) -> list[str]:
     """The guard's command line that runs the shell line `command` as its own child, attached to tflab
-    (stopped by `stop`, or when tflab's lease lapses); `held` waits for `go`.
+    (stopped by `stop`, or when tflab's lease lapses); `held` waits for `go`. Its streams end with the guard's
+    end line (engine/attached.py reads it).
 
     `warm` hands a Python program to the node's standby interpreter (TensorFlow imported
     already) when there is one; `preload` imports TensorFlow while held when there is not.
     """
-    return Call("run", key, wait_for_go=held, preload=preload, warm=warm, grace=float(grace_s), shell=command).argv()
+    return Call("run", key, wait_for_go=held, preload=preload, warm=warm, grace=float(grace_s), end_in_stream=True,
+                shell=command).argv()
 
 
 def run_argv(key: str, argv: list[str], grace_s: float = STOP_GRACE_S) -> list[str]:
     """The guard's command line that runs `argv` (words, not a shell line) attached to tflab."""
-    return Call("run", key, grace=float(grace_s), argv=argv).argv()
+    return Call("run", key, grace=float(grace_s), end_in_stream=True, argv=argv).argv()
 
 
 def attach(key: str, out_offset: int, err_offset: int) -> list[str]:
-    """`key`'s output again from these offsets, and its end as the exit code (after a broken connection)."""
-    return Call("attach", key, out=out_offset, err=err_offset).argv()
+    """`key`'s output again from these offsets, and its end line (after a broken or cut-short connection)."""
+    return Call("attach", key, out=out_offset, err=err_offset, end_in_stream=True).argv()
 
 
-def delivered(key: str, out_offset: int, err_offset: int) -> list[str]:
-    """Exit 0 when these bytes are all of `key`'s output the node kept (it forgets it then); 3 when it holds more."""
-    return Call("delivered", key, out=out_offset, err=err_offset).argv()
-
-
-def all_read(executor: Executor, node: str, key: str, out_offset: int, err_offset: int) -> bool:
-    """Whether tflab has read all of `key`'s output that `node` kept; True where the node cannot say (it is gone,
-    or its guard is older than this question: it forgot its output itself)."""
-    try:
-        code, _ = executor.run(node, delivered(key, out_offset, err_offset))
-    except TflabError:
-        return True
-    return code != 3
-
-
-def reattach(executor: Executor, node: str, key: str) -> Reattach:
-    """How a connection to `key`'s guard in `node` is picked up again, and its output read to its end."""
-    return Reattach(partial(attach, key), partial(all_read, executor, node, key))
+def reattach(key: str) -> Reattach:
+    """How a connection to `key`'s guard is picked up again, and its output read to its end."""
+    return Reattach(partial(attach, key))
 
 
 def serve(key: str, lease_name: str, command: str, log: str, warm: bool = False) -> list[str]:
@@ -212,28 +197,13 @@ def ending(executor: Executor, node: str, key: str) -> Ending | None:
     return Ending.from_json(text.strip().splitlines()[-1]) if code == 0 and text.strip() else None
 
 
-@dataclass(frozen=True)
-class Exit:
-    """How a process tflab started ended, as the run reads it: its code, why, and the node's typed record."""
-
-    code: int | None
-    reason: str | None = None
-    ending: Ending | None = None
-
-
-def learn_exit(executor: Executor, node: str, key: str, code: int | None, reason: str | None) -> Exit:
-    """The end of `key`'s process: the exit code the connection gave, made exact by its owner's record
-    (a signal by name, tflab's own stop, the OOM killer, a signal from outside tflab)."""
-    if code == 0:
-        return Exit(0, reason, Ending(0))
+def learn_exit(executor: Executor, node: str, key: str, end: End) -> End:
+    """The end of `key`'s process as its owner recorded it: the end line's, which the connection brought; where
+    that was lost (a connection that broke for good), the node is asked (a second trip)."""
+    if end.ending is not None or end.code == 0:
+        return end
     found = ending(executor, node, key)
-    if found is None:
-        return Exit(code, reason)
-    if found.reason == protocol.OOM:
-        return Exit(found.code, OOM, found)
-    if found.reason == protocol.EXITED:
-        return Exit(found.code, reason, found)
-    return Exit(found.code, found.sentence(), found)
+    return end if found is None else End(found.code, end.reason, found)
 
 
 def stop(patterns: list[str], grace_s: float = STOP_GRACE_S, force: bool = False, forget: bool = False) -> list[str]:

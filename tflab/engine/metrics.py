@@ -165,7 +165,7 @@ class ClusterSampler:
 
             try:
                 self.processes[node] = self.executor.start(
-                    node, guardcmd.metrics(self.every_s), on_output, lambda _code, _why: None, workdir="/")
+                    node, guardcmd.metrics(self.every_s), on_output, lambda _end: None, workdir="/")
             except TflabError:
                 continue  # a node that is gone has no figures
         background(self._tick, name="cluster-tick")

@@ -6,8 +6,6 @@ from tflab.plan import config as cfg
 from tflab.plan.config import Task
 from tflab.plan.topology import Lab, Node
 
-OOM = "out of memory"  # why a task process ended, where the kernel's OOM killer ended it
-
 
 def run_dir(task: str) -> str:
     """Where a task's outputs go inside every node (on the shared runs folder)."""

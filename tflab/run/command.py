@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from tflab.engine import guardcmd
 from tflab.engine.executors import Executor, OnOutput
 from tflab.run.drive import drive
-from tflab.run.events import Action, Began, Event, Finish, Interrupt, Stop, exited_event
+from tflab.run.events import Action, Began, Event, Finish, Interrupt, Stop
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
+from tflab.run.watch import ProcessWatch
 
 
 class CommandRun:
@@ -41,16 +42,14 @@ class CommandRun:
         machine = RunMachine(RunPlan(servers=(), finishers=(node,), chief=node, stop_hung=False))
         key = guardcmd.exec_key("cmd", node, str(os.getpid()))
         first = machine.handle(Began(self.clock()))
-        def on_exit(code: int | None, reason: str | None) -> None:
-            end = None
-            try:
-                end = guardcmd.learn_exit(self.executor, node, key, code, reason)
-                code, reason = end.code, end.reason
-            finally:
-                self.events.put(exited_event(node, self.clock(), code, reason, end))
+        watch = ProcessWatch(node, key, self.executor, self.events, self.clock)
 
-        process = self.executor.start(node, guardcmd.run_argv(key, self.argv), self.on_output, on_exit, renew=True,
-                                      resume=guardcmd.reattach(self.executor, node, key))
+        def on_output(chunk: bytes, is_err: bool) -> None:
+            watch.output(chunk, is_err)
+            self.on_output(chunk, is_err)
+
+        process = self.executor.start(node, guardcmd.run_argv(key, self.argv), on_output, watch.exited, renew=True,
+                                      resume=guardcmd.reattach(key))
 
         def carry_out(actions: list[Action]) -> None:
             for action in actions:  # its start is the process started above

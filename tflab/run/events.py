@@ -175,10 +175,3 @@ class Finish:
 
 
 Action = Start | Release | Stop | Say | Check | Finish | Inject | Heal | Revive
-
-
-def exited_event(node: str, t: float, code: int | None, reason: str | None, end: object = None) -> Exited:
-    """The Exited event of a process whose end the node recorded (`end`: guardcmd.Exit, or None where unknown)."""
-    ending = getattr(end, "ending", None)
-    return Exited(node, code, t, reason, signal=getattr(ending, "signal", None),
-                  ended_by=getattr(ending, "reason", None))

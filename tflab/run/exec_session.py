@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflab.engine import guardcmd
-from tflab.engine.attached import Reattach
+from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
 from tflab.engine.guardcmd import warm_up
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
@@ -37,7 +37,8 @@ from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
-from tflab.run.events import Action, Began, Interrupt, PeerEnded, Printed, Say, Stop, exited_event
+from tflab.run.events import Action, Began, Interrupt, PeerEnded, Say, Stop
+from tflab.run.watch import ProcessWatch
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
 
@@ -78,6 +79,8 @@ class ExecResult:
     fresh: bool = False
     log: Path | None = None
     notes: list[str] = field(default_factory=list)
+    quality: dict[str, float] = field(default_factory=dict)  # the metrics as the program last printed them
+    result: str | None = None  # its own last meaningful line
 
 
 
@@ -168,19 +171,19 @@ class ExecSession:
                 if b"holding\n" in said:
                     holding[name].set()
 
-            def on_exit(code: int | None, _why: str | None, name: str = name, said: bytearray = said) -> None:
-                if guardcmd.is_old_guard(code, said.decode(errors="replace")):
+            def on_exit(end: End, name: str = name, said: bytearray = said) -> None:
+                if guardcmd.is_old_guard(end.code, said.decode(errors="replace")):
                     old_guard.append(name)
                 holding[name].set()  # never holding: the check below says so
 
             argv = guardcmd.hold(lease, self.owner)
             self.holders[name] = self.executor.start(name, argv, on_output, on_exit, workdir="/", renew=True,
-                                                     resume=Reattach(partial(again, argv)))
+                                                     resume=Reattach(partial(again, argv), end_line=False))
         deadline = self.clock() + HOLD_TIMEOUT_S
         for name, event in holding.items():
             event.wait(max(0.0, deadline - self.clock()))
             if old_guard:
-                raise UserError(guardcmd.OLD_GUARD)
+                raise UserError(OLD_GUARD)
             if not event.wait(max(0.0, deadline - self.clock())) or self.holders[name].wait(0):
                 raise EngineError(f"cannot hold {name}'s server for this exec: its guard did not answer; "
                                   f"is {name} running (`tflab status`)?")
@@ -266,35 +269,21 @@ class ExecSession:
         argv = guardcmd.run_line(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
         plan = setup.plan or RunPlan(servers=(), finishers=(setup.node,), chief=setup.node, stop_hung=False)
         machine = RunMachine(plan)
-        splitters = (progress.LineSplitter(updates=True), progress.LineSplitter(updates=True))  # stdout's, stderr's
-        reader = progress.ProgressReader(setup.progress)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log: IO[bytes] = log_path.open("ab")
+        watch = ProcessWatch(setup.node, key, self.executor, self.events, self.clock, setup.progress)
 
         def on_output(chunk: bytes, is_err: bool) -> None:
             log.write(chunk)
             log.flush()
-            for line in splitters[is_err].feed(chunk):
-                reading = reader.read(line)
-                if reading is not None or (line.strip() and not progress.is_noise(line)):  # a sign of life
-                    self.events.put(Printed(setup.node, self.clock(), reading.step if reading else None,
-                                            reading.rate if reading else None,
-                                            leader_gone=bool(progress.LEADER_GONE.search(line))))
+            watch.output(chunk, is_err)
             self.on_output(chunk, is_err)
-
-        def on_exit(code: int | None, reason: str | None) -> None:
-            end = None
-            try:
-                end = guardcmd.learn_exit(self.executor, setup.node, key, code, reason)
-                code, reason = end.code, end.reason
-            finally:
-                self.events.put(exited_event(setup.node, self.clock(), code, reason, end))
 
         began = self.clock()
         first = machine.handle(Began(began))
         self.node_started = True  # from here on an interrupt is queued, and handled below
-        process = self.executor.start(setup.node, argv, on_output, on_exit, env=setup.env, renew=True,
-                                      resume=guardcmd.reattach(self.executor, setup.node, key))
+        process = self.executor.start(setup.node, argv, on_output, watch.exited, env=setup.env, renew=True,
+                                      resume=guardcmd.reattach(key))
         watching = threading.Event()
         background(self._watch_chief, watching, name="watch-chief")
         forced_at: list[float | None] = [None]
@@ -333,4 +322,5 @@ class ExecSession:
         node = machine.nodes[setup.node]
         verdict = machine.verdict_of(setup.node)
         return ExecResult(verdict.exit_code, verdict.verdict, (node.ended or self.clock()) - began, node.rate(),
-                          verdict.problem, log=log_path)
+                          verdict.problem, log=log_path, quality={metric: value for _t, metric, value in node.quality},
+                          result=watch.last_line)

@@ -15,15 +15,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, Protocol
 
 from tflab.engine import guardcmd
+from tflab.engine.attached import End
 from tflab.engine.executors import Attached, Executor
-from tflab.engine.guardcmd import warm_up
 from tflab.errors import TflabError
 from tflab.host.fanout import background, parallel
-from tflab.plan import progress, quality
 from tflab.plan.faults import Fault
 from tflab.run import stalls
 from tflab.run.events import (
@@ -39,7 +39,6 @@ from tflab.run.events import (
     Injected,
     Interrupt,
     NotServing,
-    Printed,
     Release,
     Revive,
     Revived,
@@ -47,8 +46,8 @@ from tflab.run.events import (
     Serving,
     Start,
     Stop,
-    exited_event,
 )
+from tflab.run.watch import ProcessWatch
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
@@ -127,12 +126,11 @@ class Launcher:
         self.machine = RunMachine(plan)
         self.processes: dict[str, Attached] = {}
         self.logs: dict[str, IO[bytes]] = {}
-        self.last_lines: dict[str, str] = {}
+        self.watches: dict[str, ProcessWatch] = {}
         self._print_lock = threading.Lock()
         self._first_step: float | None = None
         self._sink_failed = False
         self._began = 0.0
-        self._own_pattern = progress.check_pattern(setup.progress) if setup.progress else None
         self.stall: Findings | None = None
 
     # -- called from other threads and signal handlers -------------------------------------------
@@ -149,9 +147,7 @@ class Launcher:
 
     def execute(self) -> RunResult:
         """Run to the verdict; when it returns, nothing this run started runs in any node."""
-        nodes = list(self.machine.nodes)
         self.setup.log_dir.mkdir(parents=True, exist_ok=True)
-        self._clear(nodes, force=True, first=True)  # whatever an earlier run of this task left behind
         self._began = self.clock()
         self._apply(self.machine.handle(Began(self._began)))
         self.on_state("starting", self.machine)
@@ -178,16 +174,18 @@ class Launcher:
         drive(self.machine, self.events, self._apply, self.clock,
               every=(Every(0.0, keep_record), Every(self.setup.report_every_s, report)), give_up=give_up)
         self._heal_drills()
-        self._clear(nodes, force=True)
-        if self.setup.warm:
-            warm_up(self.executor, nodes)  # a standby again where one has gone (unclaimed too long, or out of memory)
+        # What ended with its guard's word is gone; the rest (its ending unknown, or never started) is stopped now.
+        # (An earlier run's process of the same node is stopped by the guard of this one as it starts, and a
+        # standby made again where one has gone by the guard of a warm run as it ends.)
+        self._clear([name for name, node in self.machine.nodes.items() if node.ended is None or node.ended_by is None])
         for handle in self.logs.values():
             handle.close()
         assert self.machine.finish is not None
-        chief_last = self.last_lines.get(self.plan.chief)
+        last_lines = {name: watch.last_line for name, watch in self.watches.items() if watch.last_line}
+        chief_last = last_lines.get(self.plan.chief)
         return RunResult(self.machine.finish, self.machine,
                          None if self._first_step is None else self._first_step - self._began,
-                         chief_last, dict(self.last_lines), self.stall)
+                         chief_last, last_lines, self.stall)
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -221,49 +219,31 @@ class Launcher:
             handle = self.logs[name] = (self.setup.log_dir / f"{name}.log").open("ab")
         if attempt > 1:
             handle.write(f"--- tflab: attempt {attempt} ---\n".encode())
-        # Each stream split into lines of its own: a line of stderr cut by a chunk's end must not run into stdout's.
-        lines = (progress.LineSplitter(), progress.LineSplitter())
-        updates = (progress.LineSplitter(updates=True), progress.LineSplitter(updates=True))
-        reader = progress.ProgressReader(self.setup.progress)
+        earlier = self.watches.get(name)
+        watch = self.watches[name] = ProcessWatch(name, key, self.executor, self.events, self.clock,
+                                                  self.setup.progress, show=partial(self._show, self.sink.line, name),
+                                                  on_step=partial(self._stepped, name))
+        if earlier is not None:
+            watch.last_line = earlier.last_line  # an attempt's result, until the next one prints its own
 
         def on_output(chunk: bytes, is_err: bool) -> None:
             handle.write(chunk)
             handle.flush()
-            for text in updates[is_err].feed(chunk):
-                self._progress(name, text, reader)
-            for text in lines[is_err].feed(chunk):
-                self._line(name, text)
-
-        def on_exit(code: int | None, reason: str | None) -> None:
-            end = None
-            try:
-                for text in updates[0].rest() + updates[1].rest():
-                    self._progress(name, text, reader)
-                for text in lines[0].rest() + lines[1].rest():
-                    self._line(name, text)
-                end = guardcmd.learn_exit(self.executor, name, key, code, reason)
-                code, reason = end.code, end.reason
-            finally:
-                self.events.put(exited_event(name, self.clock(), code, reason, end))
+            watch.output(chunk, is_err)
 
         try:
-            self.processes[name] = self.executor.start(name, argv, on_output, on_exit, env=self.setup.env_for(name),
-                                                       renew=True, resume=guardcmd.reattach(self.executor, name, key))
+            self.processes[name] = self.executor.start(name, argv, on_output, watch.exited, env=self.setup.env_for(name),
+                                                       renew=True, resume=guardcmd.reattach(key))
         except TflabError as exc:
             self.events.put(Exited(name, None, self.clock(), str(exc)))
             return
         if name in self.plan.servers:
             background(self._probe, name, key, name=f"probe-{name}")
 
-    def _progress(self, name: str, text: str, reader: progress.ProgressReader) -> None:
-        """A line (or one update of a line that rewrites itself): the progress it reports, if any."""
-        reading = reader.read(text)
-        if reading is None:
-            return
-        now = self.clock()
+    def _stepped(self, name: str, t: float) -> None:
+        """A node's progress reading at `t`: the run's first step is a finisher's first."""
         if self._first_step is None and name in self.plan.finishers:
-            self._first_step = now
-        self.events.put(Printed(name, now, reading.step, reading.rate))
+            self._first_step = t
 
     def _drill(self, action: Inject | Heal | Revive) -> None:
         """Do a drill's step through the injector; the machine hears how it went."""
@@ -302,18 +282,6 @@ class Launcher:
             return
         if healed:
             self._say("drill: healed " + "; ".join(healed))
-
-    def _line(self, name: str, text: str) -> None:
-        """A whole line: shown, kept, and a sign of life."""
-        if text.strip() and not progress.is_noise(text):  # TensorFlow's chatter is no sign of life
-            # a program's result is its own last line: not an error TensorFlow logs at exit
-            # (MultiWorkerMirroredStrategy's "tasks have crashed" of a run that succeeded)
-            if not (progress.tensorflow_error(text) and self.last_lines.get(name)):
-                self.last_lines[name] = text.rsplit("\r", 1)[-1]
-            metrics = quality.read(text.rsplit("\r", 1)[-1], self._own_pattern)
-            self.events.put(Printed(name, self.clock(), leader_gone=bool(progress.LEADER_GONE.search(text)),
-                                    quality=tuple(metrics.items()), runtime=progress.tensorflow_error(text)))
-        self._show(self.sink.line, name, text)
 
     def _check(self, action: Check) -> None:
         """A stalled run, before anything stops: every node asked whether each other's port answers from it, and
@@ -361,21 +329,17 @@ class Launcher:
             process.close()
             process.wait(5)
 
-    def _clear(self, nodes: list[str], force: bool, first: bool = False) -> None:
-        """Stop every process of this task's runs in every node (in parallel); the first time, a node whose guard
-        is older than this tflab's says so (UserError)."""
+    def _clear(self, nodes: list[str]) -> None:
+        """Stop every process of this task's runs in these nodes (in parallel)."""
         pattern = guardcmd.run_key(self.setup.task, "*")
 
-        def clear(name: str) -> tuple[int, str]:
+        def clear(name: str) -> None:
             try:
-                return self.executor.run(name, guardcmd.stop([pattern], force=force, forget=first))
+                self.executor.run(name, guardcmd.stop([pattern], force=True))
             except TflabError:
-                return 0, ""  # the node itself is gone: nothing of the task is left in it
+                pass  # the node itself is gone: nothing of the task is left in it
 
-        answers = parallel(clear, nodes, name="clear")
-        if first:
-            for answer in answers:
-                guardcmd.check_stopped(answer)
+        parallel(clear, nodes, name="clear")
 
     def _say(self, message: str) -> None:
         self._show(self.sink.event, message)

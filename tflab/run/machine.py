@@ -31,8 +31,9 @@ the drill's faults it tracks in run/drills.py.
 
 from __future__ import annotations
 
+from tflab_guard import protocol
+
 from tflab.plan.faults import ENDS_PROCESS
-from tflab.plan.tasks import OOM
 from tflab.plan.topology import GRPC_PORT
 from tflab.run.drills import DrillState, Drills, describe
 from tflab.run.events import (
@@ -245,7 +246,7 @@ class RunMachine:
             node.verdict = "stopped"
             return []
         how = how_it_ended(event)
-        if event.reason == OOM:
+        if event.ended_by == protocol.OOM:
             return self._oom(node, event)
         drilled = self.drills.downed(event.node)
         if drilled is not None or event.node in self.down:
@@ -532,8 +533,8 @@ class RunMachine:
         node.verdict = {"kill": "killed", "stop": "shut down", "restart": "rebooted"}.get(
             fault.action if fault else "kill", "killed")
         node.reason = f"by the drill ({fault.describe()})" if fault else "by the drill"
-        if node.ended_by == "outside":
-            node.ended_by = "stopped"  # the drill's signal is tflab's own, sent on purpose
+        if node.ended_by == protocol.OUTSIDE:
+            node.ended_by = protocol.STOPPED  # the drill's signal is tflab's own, sent on purpose
         if fault is not None and (fault.then_restart or fault.action == "restart"):
             return self._restart_after_drill(node.name, event.t) if node.name not in self.down else []
         if node.role == FINISHER and self.plan.restarts:

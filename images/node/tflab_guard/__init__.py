@@ -6,19 +6,20 @@ records how it ended (protocol.Ending). It is shipped into the node image as one
 Python of TensorFlow 1.15's images): standard library only. Its verbs and options are
 protocol.parser's, which the host builds its calls with (protocol.Call):
 
-  run KEY [--wait-for-go] [--preload] [--warm] [--grace S] [--lease L] (-- ARGV | --shell CMD)
+  run KEY [--wait-for-go] [--preload] [--warm] [--grace S] [--lease L] [--end-in-stream] (-- ARGV | --shell CMD)
       A program attached to tflab: its output kept in the node and followed to the guard's
       standard output; its standard input is tflab's connection (`go`, `stop`, `renew`). The
       connection's end stops nothing; a lease not renewed for LEASE_S does (SIGTERM, SIGKILL
       after the grace). --preload imports TensorFlow while it waits for go; --warm hands a
       Python program to the node's standby interpreter (TensorFlow imported already).
+      --end-in-stream: stdout and stderr end with the end line (protocol.StreamEnd: how it ended,
+      the bytes of each the node kept), answered by tflab's `delivered OUT ERR` (then forgotten).
   serve KEY [--warm] [--lease LEASE] [--log FILE] (-- ARGV | --shell CMD)
       A server shared by several `tflab exec`s: it lives while LEASE has holders (without
       --lease, until `stop`: TensorBoard).
-  attach KEY [--out N] [--err N]   KEY's output again from those offsets, and its end as the exit code.
-  delivered KEY [--out N] [--err N]
-      exits 0 when tflab read all of KEY's kept output (N bytes of each stream; it is forgotten
-      then), 3 when the node holds more: tflab attaches again for the rest.
+  attach KEY [--out N] [--err N] [--end-in-stream]
+                                   KEY's output again from those offsets, and its end as the exit code
+                                   (and the end line, as `run` ends).
   hold LEASE HOLDER                holds LEASE while tflab renews it (`stop` leaves).
   holders LEASE                    exits 0 while LEASE has a holder renewed in the last LEASE_S.
   standby [--idle S]               one interpreter per node with TensorFlow imported, which forks

@@ -9,11 +9,12 @@ import sys
 import threading
 
 from tflab_guard import leases
-from tflab_guard.protocol import GO, RENEW, STOP
+from tflab_guard.protocol import DELIVERED, GO, RENEW, STOP
 
 
 class Connection(threading.Thread):
-    """Reads tflab's words: `go` releases, `stop` asks to stop, `renew` renews (lease, holder)."""
+    """Reads tflab's words: `go` releases, `stop` asks to stop, `renew` renews (lease, holder), `delivered OUT ERR`
+    answers the end lines (what tflab read)."""
 
     def __init__(self, lease=None, holder=None):
         super().__init__(daemon=True, name="tflab-connection")
@@ -22,6 +23,8 @@ class Connection(threading.Thread):
         self.released = threading.Event()
         self.stop_asked = threading.Event()
         self.closed = threading.Event()
+        self.answered = threading.Event()  # a `delivered` came, or the connection ended
+        self.delivered = None  # [OUT, ERR] of the `delivered` word
         if lease is not None:
             leases.renew(lease, holder)  # held from the start: the first renewal is a second away
 
@@ -36,10 +39,17 @@ class Connection(threading.Thread):
                 elif word == STOP:
                     self.stop_asked.set()
                     self.released.set()
+                elif word.startswith(DELIVERED + " "):
+                    try:
+                        self.delivered = [int(n) for n in word.split()[1:3]]
+                    except ValueError:
+                        pass
+                    self.answered.set()
         except (OSError, ValueError):
             pass
         finally:
             self.closed.set()
+            self.answered.set()
 
 
 def until_stop():

@@ -16,7 +16,7 @@ import json
 import os
 import signal
 
-VERSION = 3  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
+VERSION = 4  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
 GUARD_PATH = "/usr/local/share/tflab/guard.pyz"
 GUARD = ["python3", GUARD_PATH]
 PROG = "tflab-guard"
@@ -25,6 +25,7 @@ PROG = "tflab-guard"
 GO = "go"          # release a held process
 STOP = "stop"      # stop the process (its group: SIGTERM, then SIGKILL after the grace)
 RENEW = "renew"    # tflab is still there: the lease is renewed
+DELIVERED = "delivered"  # `delivered OUT ERR`: tflab read that many bytes of stdout and stderr (after the end line)
 
 STOP_GRACE_S = 3.0   # between SIGTERM and SIGKILL, for servers and workers alike
 RENEW_EVERY_S = 1.0  # how often tflab renews a lease
@@ -126,6 +127,82 @@ class Ending(object):
         return "Ending(%r, %r, %r)" % (self.code, self.signal, self.reason)
 
 
+# The end line (asked for with `--end-in-stream`): the last line of each of a process's two streams, after all of
+# its output, saying how it ended and how many bytes of each stream the node kept. It begins with a NUL, which no
+# program's text has, so it is found whatever came before it (a last line with no newline); tflab answers it with
+# `delivered OUT ERR` on the connection, and the node forgets the output it kept once those are all of it. So a
+# process's ending, and what it printed, come in the one trip that started it.
+END_MARK = b"\0tflab-end "
+DELIVERED_WAIT_S = 10.0  # how long a guard waits for tflab's `delivered` after its end lines
+
+
+class StreamEnd(object):
+    """The end line's content: the process's Ending, and the bytes of stdout and stderr the node kept."""
+
+    def __init__(self, ending, kept):
+        self.ending = ending
+        self.kept = list(kept)
+
+    def line(self):
+        body = json.dumps({"ending": self.ending.as_dict(), "kept": self.kept}, sort_keys=True)
+        return END_MARK + body.encode() + b"\n"
+
+    @classmethod
+    def parse(cls, body):
+        """The StreamEnd of an end line's body (after the mark), or None for anything else."""
+        try:
+            data = json.loads(body.decode())
+            ending = Ending.from_json(json.dumps(data["ending"]))
+            kept = [int(n) for n in data["kept"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if ending is None or len(kept) != 2:
+            return None
+        return cls(ending, kept)
+
+
+class EndSplitter(object):
+    """A stream's own bytes told from its end line, chunk by chunk (a mark cut by a chunk's end is held back)."""
+
+    def __init__(self):
+        self.held = b""
+        self.tail = None  # the end line's bytes so far, once its mark came
+        self.end = None   # its StreamEnd, once whole
+
+    def feed(self, chunk):
+        """The stream's own bytes in `chunk`."""
+        if self.tail is not None:
+            self._collect(chunk)
+            return b""
+        data = self.held + chunk
+        at = data.find(END_MARK)
+        if at >= 0:
+            self.held = b""
+            self.tail = b""
+            self._collect(data[at + len(END_MARK):])
+            return data[:at]
+        keep = next((n for n in range(min(len(END_MARK) - 1, len(data)), 0, -1) if END_MARK.startswith(data[-n:])), 0)
+        self.held = data[len(data) - keep:] if keep else b""
+        return data[:len(data) - keep]
+
+    def _collect(self, data):
+        if self.end is not None:
+            return
+        self.tail += data
+        if b"\n" in self.tail:
+            self.end = StreamEnd.parse(self.tail.split(b"\n", 1)[0])
+
+    def rest(self):
+        """At the stream's end: the bytes held back, which were its own after all."""
+        held, self.held = self.held, b""
+        return held
+
+
+def delivered_word(out, err):
+    """tflab's answer to the end lines: the bytes of stdout and stderr it read."""
+    return "%s %d %d" % (DELIVERED, out, err)
+
+
 def run_key(task, node):
     """The key of a node's process in `tflab run TASK`."""
     return "run:%s:%s" % (task, node)
@@ -184,6 +261,12 @@ def _owned(parser):
     _command(parser)
 
 
+def _ends_in_stream(parser):
+    parser.add_argument("--end-in-stream", action="store_true",
+                        help="end stdout and stderr with the end line (how it ended, what was kept); forget the kept "
+                             "output once tflab says it read it all")
+
+
 def parser():
     top = argparse.ArgumentParser(prog=PROG, description="tflab's guard: starts, owns and stops processes in a node")
     verbs = top.add_subparsers(dest="verb")
@@ -192,6 +275,7 @@ def parser():
     _owned(p)
     p.add_argument("--wait-for-go", action="store_true", help="start it once tflab says go")
     p.add_argument("--preload", action="store_true")
+    _ends_in_stream(p)
     p = verbs.add_parser("serve", help="a server shared by tflab's execs")
     _owned(p)
     p.add_argument("--log")
@@ -200,10 +284,7 @@ def parser():
     p.add_argument("--out", type=int, default=0)
     p.add_argument("--err", type=int, default=0)
     p.add_argument("--lease")
-    p = verbs.add_parser("delivered", help="whether tflab read all of a process's kept output (then forgotten)")
-    p.add_argument("key")
-    p.add_argument("--out", type=int, default=0)
-    p.add_argument("--err", type=int, default=0)
+    _ends_in_stream(p)
     p = verbs.add_parser("hold", help="hold a lease while tflab renews it")
     p.add_argument("lease")
     p.add_argument("holder")

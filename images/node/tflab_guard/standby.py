@@ -20,11 +20,13 @@ import random
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
 
 from tflab_guard import busy, commands, groups, memory, proctitle, registry
+from tflab_guard.protocol import GUARD, GUARD_PATH
 
 KEY = "standby"
 HEADER = struct.Struct("!I")
@@ -74,6 +76,30 @@ def recv_fds(sock, max_fds):
         header += _read_exactly(sock, HEADER.size - len(header))
     (size,) = HEADER.unpack(header)
     return _read_exactly(sock, size), list(fds)
+
+
+def ensure():
+    """A standby made where this node has none (it left unclaimed, the OOM killer took it): what a `--warm` run's
+    guard does as it ends, so the next program finds one. Detached, with the node's own environment (its first
+    process's), not the run's."""
+    if warm_state() != 2:
+        return
+    env = dict(os.environ)
+    argv = [sys.executable, sys.argv[0], "standby"]  # (the guard's own tests: their interpreter, their environment)
+    if os.path.abspath(sys.argv[0]) == GUARD_PATH:  # in a node: as tflab starts one (what `ps` shows), as the node has it
+        argv = GUARD + ["standby"]
+        try:
+            with open("/proc/1/environ", "rb") as handle:
+                env = dict(item.decode(errors="replace").split("=", 1)
+                           for item in handle.read().split(b"\0") if b"=" in item)
+        except (OSError, ValueError):
+            pass
+        env.setdefault("PATH", os.environ.get("PATH", os.defpath))
+    try:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env, cwd="/")
+    except OSError:
+        pass
 
 
 def standby(args):

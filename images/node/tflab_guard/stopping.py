@@ -14,9 +14,16 @@ from tflab_guard import groups, registry
 
 
 def stop(args):
+    stop_keys(args.patterns, args.grace, args.force, args.forget)
+    return 0
+
+
+def stop_keys(patterns, grace, force=False, forget=False):
+    """Stop what was started under keys matching `patterns` (TERM, KILL after `grace`; `force`: KILL at once), and
+    their guards; `forget`: and how they ended."""
     with registry.locked():
-        keys = sorted({key for key, _ in registry.matching(args.patterns)}
-                      | {key for key, _ in registry.matching(args.patterns, suffix=".guard")})
+        keys = sorted({key for key, _ in registry.matching(patterns)}
+                      | {key for key, _ in registry.matching(patterns, suffix=".guard")})
         targets = [(key, registry.read_pid(key)) for key in keys]
         owners = {key: registry.guard_identity(key) for key in keys}
     for key, pgid in targets:
@@ -27,7 +34,7 @@ def stop(args):
                 os.kill(guard[0], signal.SIGTERM)
             except OSError:
                 pass
-    threads = [threading.Thread(target=groups.stop_group, args=(pgid, args.grace, args.force))
+    threads = [threading.Thread(target=groups.stop_group, args=(pgid, grace, force))
                for _, pgid in targets if pgid is not None]
     for thread in threads:
         thread.start()
@@ -42,18 +49,17 @@ def stop(args):
             def alive(owner=owner):
                 return owner[0] if registry.lives(owner) else None
 
-            if not registry.wait_gone(alive, 1 if args.force else args.grace + 1):
+            if not registry.wait_gone(alive, 1 if force else grace + 1):
                 try:
                     os.kill(owner[0], signal.SIGKILL)
                 except OSError:
                     pass
                 registry.wait_gone(alive, 2)
         registry.unlink(registry.guard_path(key))
-    if args.forget:
+    if forget:
         # A new run of these keys starts now: an earlier ending must not answer for it (a probe would take
         # the new server for one that ended before serving).
         with registry.locked():
-            for key, _ in registry.matching(args.patterns, suffix=".exit"):
+            for key, _ in registry.matching(patterns, suffix=".exit"):
                 for path in (registry.exit_path(key), registry.stop_path(key)) + registry.out_paths(key):
                     registry.unlink(path)
-    return 0

@@ -1,7 +1,8 @@
 """Processes tflab starts in a node: each the child of the guard that owns it, which learns its end by
 waiting on it (`run`, attached to tflab; `serve`, shared by tflab's execs), `attach`, which picks a
-process's output up again after a broken connection, and `delivered`, which forgets the kept output
-once tflab has all of it.
+process's output up again after a broken connection. Asked (`--end-in-stream`), both end
+their two streams with the end line (protocol.StreamEnd): how the process ended, and what the
+node kept of its output, which it forgets once tflab answers that it read all of it.
 
 One way to start a program, warm or cold, and one meaning for each ending (protocol.Ending):
 a cold program is the guard's child (subprocess); a warm one is the child of the standby's
@@ -18,9 +19,9 @@ import sys
 import threading
 import time
 
-from tflab_guard import commands, groups, leases, memory, registry, standby
+from tflab_guard import commands, groups, leases, memory, registry, standby, stopping
 from tflab_guard.connection import Connection
-from tflab_guard.protocol import LEASE_S, LOST, REFUSED, STOP_GRACE_S, STOPPED, Ending
+from tflab_guard.protocol import DELIVERED_WAIT_S, LEASE_S, LOST, REFUSED, STOP_GRACE_S, STOPPED, Ending, StreamEnd
 
 POLL_S = 0.1
 HELD_POLL_S = 0.5  # a held program waits for `go` or `stop` (words that wake it at once), a signal, or a lapse
@@ -86,7 +87,7 @@ def follow(key, out_offset=0, err_offset=0):
 def finish_following(followers):
     """Copy what is left. The kept output stays: only tflab knows whether all of it reached it (a write
     that succeeded here can still be lost on the way: an engine that closes the stream first), and
-    `delivered` forgets it once tflab says so (else `attach` reads the rest)."""
+    the end line's answer forgets it once tflab says so (else `attach` reads the rest)."""
     for follower in followers:
         follower.done.set()
     for follower in followers:
@@ -209,19 +210,23 @@ def _open_outputs(key):
 
 def run(args):
     key = args.key
+    if registry.read_pid(key) is not None or registry.read_guard(key) is not None:
+        # an earlier process of this key still there (its tflab gone, its lease not yet lapsed): it goes first
+        stopping.stop_keys([key], 0, force=True)
     registry.begin(key)
     plan = commands.plan_command(args.shell, args.argv)
     env = plan.environment(os.environ)
     lease = args.lease or key
     connection = Connection(lease, key)
     connection.start()
-    refusal = commands.missing(plan, env)
-    if refusal is not None:
-        code = refuse(key, refusal, say)
-        registry.unlink(registry.guard_path(key))
-        return code
     out, err = _open_outputs(key)
     followers = follow(key)
+    refusal = commands.missing(plan, env)
+    if refusal is not None:  # said in its output, as a shell says `command not found`
+        code = refuse(key, refusal, lambda sentence: err.write((sentence + "\n").encode()))
+        _end_output(args, key, registry.read_exit(key), (out, err), followers, connection)
+        registry.unlink(registry.guard_path(key))
+        return code
     oom = memory.OomWatch()
     stopper = Stopper(key, args.grace)
     signalled = []
@@ -268,14 +273,40 @@ def run(args):
     else:
         ending = oom.ending(program.status(), registry.stopped_why(key))
     registry.write_exit(key, ending)
-    for handle in (out, err):
-        handle.close()
-    finish_following(followers)
     if ending.reason == "oom":
-        say(memory.oom_sentence())
+        err.write((memory.oom_sentence() + "\n").encode())
+    _end_output(args, key, ending, (out, err), followers, connection)
     leases.leave(lease, key)
+    if args.warm:
+        standby.ensure()  # for the next program, where this one found none (or it has gone)
     registry.unlink(registry.guard_path(key))
     return ending.code
+
+
+def _end_output(args, key, ending, handles, followers, connection):
+    """The program's output closed and followed to its end; then, where tflab asked, the end lines."""
+    for handle in handles:
+        handle.close()
+    finish_following(followers)
+    if args.end_in_stream:
+        tell_end(key, ending, connection)
+
+
+def tell_end(key, ending, connection):
+    """The end line on stdout and on stderr (after all of the output: protocol.StreamEnd); once tflab answers that
+    it read all the node kept of both, the kept output is forgotten (else `attach` reads it again)."""
+    paths = registry.out_paths(key)
+    kept = [_size(path) for path in paths]
+    line = StreamEnd(ending, kept).line()
+    for stream in (sys.stdout.buffer, sys.stderr.buffer):
+        try:
+            stream.write(line)
+            stream.flush()
+        except (OSError, ValueError):
+            return  # the connection is gone: an `attach` tells it again
+    if connection.answered.wait(DELIVERED_WAIT_S) and connection.delivered == kept:
+        for path in paths:
+            registry.unlink(path)
 
 
 def program(args):
@@ -339,20 +370,9 @@ def serve(args):
     if ending.reason == "oom":
         log.write((memory.oom_sentence() + "\n").encode())
     registry.unlink(registry.guard_path(key))
+    if args.warm:
+        standby.ensure()
     return ending.code
-
-
-def delivered(args):
-    """Exit 0 when tflab has read all of KEY's kept output (the --out and --err bytes it had), which is
-    forgotten then; 3 when the node holds more (printed: its sizes), which tflab attaches again to read."""
-    paths = registry.out_paths(args.key)
-    sizes = [_size(path) for path in paths]
-    if any(size > had for size, had in zip(sizes, (args.out, args.err))):
-        print("%d %d" % tuple(sizes))
-        return 3
-    for path in paths:
-        registry.unlink(path)
-    return 0
 
 
 def _size(path):
@@ -388,5 +408,7 @@ def attach(args):
                 break
         time.sleep(POLL_S)
     finish_following(followers)
+    if args.end_in_stream:
+        tell_end(key, ending, connection)
     return ending.code
 
