@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tflab_guard.protocol import PROBE_BUSY, PROBE_SERVING, PROBE_TIMEOUT, Ending
+from tflab_guard.protocol import PROBE_BUSY, PROBE_SERVING, PROBE_TIMEOUT, Ending, busy_reply
 
 from tflab.engine.attached import End
 
@@ -43,5 +43,5 @@ def probe(argv: list[str], serves_at: float | None, busy: bool, now: Callable[[]
         return PROBE_TIMEOUT, ""
     sleep(timeout)
     if busy and quiet is not None and "--key" in argv:
-        return PROBE_BUSY, f"busy {timeout:.1f}\n"  # it used a whole CPU all along
+        return PROBE_BUSY, busy_reply(timeout) + "\n"  # it used a whole CPU all along
     return PROBE_TIMEOUT, ""

@@ -132,14 +132,18 @@ def ps_lab(module_labs, digits) -> Path:
 
 
 def execs_of(client, project: str, since: float, until: float) -> list[tuple[str, str]]:
-    """The `docker exec`s the engine made in a lab's containers between two times, from its own events: (node, the
-    guard's verb or the command)."""
+    """The `docker exec`s made in a lab's containers between two times, from the engine's own events: (node, the
+    guard's verb or the command). The engine's own healthchecks (sshd listening, every 30 s) are not tflab's."""
     made = client.events(since=int(since), until=int(until) + 1, decode=True,
                          filters={"type": "container", "event": "exec_create",
                                   "label": f"com.docker.compose.project={project}"})
     execs = []
     for event in made:
-        words = event["Action"].split(": ", 1)[-1].split()
+        command = event["Action"].split(": ", 1)[-1]
+        health = (client.containers.get(event["id"]).attrs["Config"].get("Healthcheck") or {}).get("Test") or []
+        if health[:1] == ["CMD"] and command == " ".join(health[1:]):
+            continue
+        words = command.split()
         verb = words[2] if words[:2] == ["python3", "/usr/local/share/tflab/guard.pyz"] and len(words) > 2 else words[0]
         execs.append((event["Actor"]["Attributes"].get("com.docker.compose.service", "?"), verb))
     return execs

@@ -230,9 +230,11 @@ def test_a_held_process_told_to_stop_before_go_never_runs(guard, state: Path, tm
         assert wait_for(lambda: (state / f"{key}.guard").exists())
         child.stdin.write("stop\n")
         child.stdin.flush()
-        assert child.wait(timeout=10) == 143
+        assert child.wait(timeout=10) == 143  # the guard exits as a shell's stopped process does
         child.stdin.close()
-        assert Ending.from_json((state / f"{key}.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
+        never = Ending.from_json((state / f"{key}.exit").read_text())
+        assert never == Ending(None, None, "stopped"), "recorded as never run, not as a signal it never got"
+        assert never.sentence() == "never started: stopped by tflab while it was held"
         time.sleep(0.2)  # a started `touch` would have made its file by now
         assert not marker.exists(), f"try {attempt + 1}: a held program told to stop ran"
 
@@ -811,7 +813,7 @@ def test_a_run_told_to_stop_while_its_standby_imports_ends_at_once_and_never_sta
             child.kill()  # (a failed test's guard: its connection's end stops what it started)
             child.wait(timeout=10)
             child.stdin.close()
-    assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == Ending(143, "SIGTERM", "stopped")
+    assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == Ending.never_ran("stopped")
     assert not marker.exists(), "the program never starts"
 
 

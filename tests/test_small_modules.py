@@ -129,8 +129,11 @@ def test_a_nodes_rate_duration_and_last_signs_of_life() -> None:
 
 def test_the_sentences_a_verdict_says() -> None:
     assert verdicts.how_it_ended(Exited("w", 3, 1.0)) == "exited with 3"
-    assert verdicts.how_it_ended(Exited("w", 137, 1.0, "killed by SIGKILL from outside tflab")) == \
-        "exited with 137 (killed by SIGKILL from outside tflab)"
+    assert verdicts.how_it_ended(Exited("w", 137, 1.0, signal="SIGKILL", ended_by="outside")) == \
+        "exited with 137 (killed by SIGKILL from outside tflab)", "the guard's word, said in its one sentence"
+    assert verdicts.how_it_ended(Exited("w", 143, 1.0, "its container stopped", "SIGTERM", "outside")) == \
+        "exited with 143 (killed by SIGTERM from outside tflab; its container stopped)"
+    assert verdicts.how_it_ended(Exited("w", 3, 1.0, ended_by="exited")) == "exited with 3"
     assert verdicts.how_it_ended(Exited("w", None, 1.0, "its container is gone")) == \
         "ended with no exit code: its container is gone"
     node = NodeRun("worker1", "worker", verdict="failed", exit_code=None, reason="lost")
@@ -139,6 +142,19 @@ def test_the_sentences_a_verdict_says() -> None:
     assert verdicts.node_verdict(Finish(130, "interrupted", "x"), node) == Finish(130, "interrupted", "x")
     oom = NodeRun("worker1", "worker", verdict="oom", exit_code=None)
     assert verdicts.node_verdict(Finish(1, "oom", "p"), oom) == Finish(137, "oom", "p")
+
+
+def test_every_verdict_is_declared_once_and_has_its_colour() -> None:
+    from tflab_guard import protocol
+
+    from tflab.cli import views
+    from tflab.run.words import Verdict
+
+    assert set(views.VERDICT_COLOURS) == set(Verdict), "the summary's colours cover every verdict"
+    assert views.verdict_colour("served") == "green" and views.verdict_colour("-") == "yellow"
+    assert Verdict("ok") == "ok" and f"{Verdict.SHUT_DOWN}" == "shut down", "a verdict is its word (run.json)"
+    # run.json's reasons: one of a declared set, from the guard's words
+    assert set(protocol.RECORD_REASONS.values()) == {"oom", "stopped", "lease", "outside"}
 
 
 def test_the_summary_and_tflab_runs_say_the_signal_that_ended_a_node() -> None:

@@ -43,6 +43,7 @@ from tflab.run import failures, history, runreport
 from tflab.run.bottleneck import Limit
 from tflab.run.request import PreparedRun, RunRequest, execute_run, prepare_run
 from tflab.run.runreport import RunReport
+from tflab.run.words import Verdict
 
 DETACH_WAIT_S = 240.0
 
@@ -304,7 +305,7 @@ def stop(
     running = [name for name, node in side.status().items() if node.running and name in lf.lab.names]
     executor = side.executor(running, via)
     parallel(lambda name: executor.run(name, guardcmd.stop([guardcmd.run_key(task, "*")], force=True)), running)
-    report = replace(report, state="finished", verdict="interrupted", exit_code=130, ended=time.time(),
+    report = replace(report, state="finished", verdict=Verdict.INTERRUPTED, exit_code=130, ended=time.time(),
                      problem=f"its supervisor (pid {report.pid}) was gone; `tflab stop` cleared what it left")
     report.save(folder)
     show_verdict(console(), lf, report, folder)

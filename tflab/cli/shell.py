@@ -30,6 +30,7 @@ from tflab.run.command import CommandRun
 from tflab.run import failures
 from tflab.run.exec_session import ExecResult, ExecSession, ExecSetup
 from tflab.run.runplan import exec_plan, run_plan
+from tflab.run.words import Verdict
 
 
 def exec_(
@@ -107,7 +108,7 @@ def exec_verdict(node: str, task: str, result: ExecResult) -> str:
         facts.append(f"{result.steps_per_s:.1f} steps/s")
     facts += [f"{metric} {value:g}" for metric, value in result.quality.items()]  # as a run's summary says them
     line = f"{node}'s {task}: {result.verdict} ({', '.join(facts)})"
-    return f"{line}: {result.problem}" if result.problem and result.verdict != "interrupted" else line
+    return f"{line}: {result.problem}" if result.problem and result.verdict != Verdict.INTERRUPTED else line
 
 
 SIGPIPE_EXIT = 128 + 13

@@ -24,6 +24,7 @@ from tflab.run import history, sweep, sweep_report
 from tflab.run.costmodel import ALLREDUCE, PS
 from tflab.run.request import RunRequest, execute_run, prepare_run
 from tflab.run.runreport import RunReport
+from tflab.run.words import Verdict
 
 
 def sweep_cmd(
@@ -111,7 +112,7 @@ def sweep_cmd(
                 break
             _result, report, session = execute_run(lf, prepared, terminal_sinks(lf, None, prepared))
             current[0] = None
-            if stopped[0] and report.verdict == "interrupted":
+            if stopped[0] and report.verdict == Verdict.INTERRUPTED:
                 break  # what the Ctrl-C cut short is no result: --resume runs it again
             kept = _keep_run(lf, folder, point, session.folder)
             rows = [r for r in rows if r["point"] != point.key]
@@ -160,7 +161,7 @@ def _point_line(point: sweep.Point, total: int, report: RunReport, spec_target: 
     limit = (report.limit or {}).get("kind")
     verdict = report.verdict or "-"
     text = Text(f"point {point.number}/{total} ({point.describe()}, repeat {point.repeat}): ")
-    text.append(verdict, style=views.VERDICT_COLOURS.get(verdict, "yellow"))
+    text.append(verdict, style=views.verdict_colour(verdict))
     text.append(f", {rate:.2f} steps/s" if rate else ", no steps seen")
     for metric, value in (report.quality or {}).items():
         text.append(f", {metric} {value:.4g}")

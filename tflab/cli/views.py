@@ -15,6 +15,7 @@ from tflab.plan.links import Links
 from tflab.plan.shares import HostFacts, Share
 from tflab.plan.topology import Lab, Node
 from tflab.run.runreport import NodeRow, RunReport
+from tflab.run.words import Verdict
 
 NODE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 
@@ -124,11 +125,24 @@ def status_table(lab: Lab, states: Mapping[str, NodeState], bind: str, links: Li
     return table
 
 
-VERDICT_COLOURS = {"ok": "green", "served": "green", "failed": "red", "hung": "red", "stalled": "red", "timeout": "red",
-                   "oom": "red",
-                   "killed": "yellow", "shut down": "yellow", "rebooted": "yellow", "restarting": "yellow",
-                   "survived": "red", "missed": "red",
-                   "interrupted": "yellow", "stopped": "yellow"}
+# Every verdict's colour (a test holds it to run/words.Verdict): green done well, red a failure, yellow what
+# tflab or a drill did on purpose or what is still under way.
+VERDICT_COLOURS: dict[Verdict, str] = {
+    Verdict.OK: "green", Verdict.SERVED: "green",
+    Verdict.FAILED: "red", Verdict.HUNG: "red", Verdict.STALLED: "red", Verdict.TIMEOUT: "red", Verdict.OOM: "red",
+    Verdict.SURVIVED: "red", Verdict.MISSED: "red", Verdict.ABANDONED: "red",
+    Verdict.KILLED: "yellow", Verdict.SHUT_DOWN: "yellow", Verdict.REBOOTED: "yellow", Verdict.RESTARTING: "yellow",
+    Verdict.RESTARTED: "yellow", Verdict.INTERRUPTED: "yellow", Verdict.STOPPED: "yellow",
+    Verdict.PENDING: "yellow", Verdict.HELD: "yellow", Verdict.RUNNING: "yellow",
+}
+
+
+def verdict_colour(word: str) -> str:
+    """A verdict's colour, as run.json or the machine says it ('-' and words of no verdict: yellow)."""
+    try:
+        return VERDICT_COLOURS[Verdict(word)]
+    except ValueError:
+        return "yellow"
 
 
 def _seconds(value: float | None) -> str:
@@ -146,7 +160,7 @@ def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
             continue
         verdict = row.verdict or "-"
         code = row.exit_code
-        shown_code = "-" if code is None or verdict in ("served", "stopped", "interrupted") else str(code)
+        shown_code = "-" if code is None or verdict in (Verdict.SERVED, Verdict.STOPPED, Verdict.INTERRUPTED) else str(code)
         if row.signal:  # how it ended, as its guard saw it: 139 SIGSEGV, or SIGTERM for a stopped ps
             shown_code = row.signal if shown_code == "-" else f"{shown_code} {row.signal}"
         attempt = row.attempt or 1
@@ -158,7 +172,7 @@ def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
             _seconds(row.duration_s),
             f"{rate:.1f}" if rate else "-",
             Text(verdict + (f" (attempt {attempt})" if attempt > 1 else ""),
-                 style=VERDICT_COLOURS.get(verdict, "yellow")),
+                 style=verdict_colour(verdict)),
         )
     return table
 
@@ -216,7 +230,7 @@ def ending_text(report: RunReport) -> str:
     """' (worker1 SIGKILL from outside tflab)': the signal that ended the node that failed a run, as its guard saw it."""
     said = []
     for name, row in report.nodes.items():
-        if row.verdict in ("failed", "oom") and row.signal:
+        if row.verdict in (Verdict.FAILED, Verdict.OOM) and row.signal:
             said.append(f"{name} {row.signal}" + (" from outside tflab" if row.reason == "outside" else ""))
     return f" ({', '.join(said)})" if said else ""
 
@@ -239,7 +253,7 @@ def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
         elif report.is_live():
             verdict = report.state or "running"
         else:
-            verdict = "abandoned"
+            verdict = Verdict.ABANDONED
         started = report.started
         rate = report.steps_per_s
         duration = report.duration_s if report.finished or not started else time.time() - started
@@ -248,7 +262,7 @@ def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
             history.stamp(started) if started else "-",
             _seconds(duration),
             *([knobs_text(report.knobs) or "-"] if with_knobs else []),
-            Text(verdict + ending_text(report), style=VERDICT_COLOURS.get(verdict, "yellow")),
+            Text(verdict + ending_text(report), style=verdict_colour(verdict)),
             result_text(report),
             f"{rate:.1f}" if rate else "-",
             str((report.limit or {}).get("kind") or "-"),

@@ -72,7 +72,7 @@ def standby(idle_s: float = 1800.0) -> list[str]:
 
 
 def warm() -> list[str]:
-    """Exit 0 while the node's standby is ready, 1 while it is being made, 2 when there is none."""
+    """Exit WARM_READY while the node's standby is ready, WARM_MAKING while it is being made, WARM_NONE without."""
     return Call("warm").argv()
 
 
@@ -141,7 +141,7 @@ def await_serving(executor: Executor, node: str, key: str | None, timeout_s: flo
     while code == protocol.PROBE_BUSY:
         if not said:
             on_busy(f"{node} has not served on port {GRPC_PORT} within {timeout_s:g}s, but it is busy starting "
-                    f"({_busy_s(out):.1f} CPU-s in that time): waiting while it uses the CPU")
+                    f"({read_busy(out):.1f} CPU-s in that time): waiting while it uses the CPU")
             said = True
         code, out = executor.run(node, probe(node, key, BUSY_PROBE_S, quiet_s, while_busy=True))
     if code == protocol.PROBE_SERVING:
@@ -161,8 +161,8 @@ def await_serving(executor: Executor, node: str, key: str | None, timeout_s: flo
                              f"CPU for {quiet_s:g}s ({time.monotonic() - began:.0f}s after it was started): it is stuck")
 
 
-def _busy_s(answer: str) -> float:
-    """The CPU seconds in a probe's `busy SECONDS`."""
+def read_busy(answer: str) -> float:
+    """The CPU seconds in a probe's `busy SECONDS` (protocol.busy_reply)."""
     for line in answer.splitlines():
         words = line.split()
         if len(words) == 2 and words[0] == "busy":
@@ -247,8 +247,8 @@ def wait_imported(executor: Executor, node: str, timeout_s: float = 60.0) -> boo
             code, _ = executor.run(node, warm())
         except TflabError:
             return False
-        if code != 1:
-            return waited and code == 0
+        if code != protocol.WARM_MAKING:
+            return waited and code == protocol.WARM_READY
         waited = True
         time.sleep(0.5)
     return False

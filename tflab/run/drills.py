@@ -15,6 +15,7 @@ from typing import Any
 
 from tflab.plan.faults import ENDS_PROCESS, Fault
 from tflab.run.events import Finish
+from tflab.run.words import Verdict
 
 
 @dataclass
@@ -141,19 +142,19 @@ class Drills:
 
     def judge(self, finish: Finish, expect: str | None) -> Finish:
         """The verdict of a drilled run: what the training did (`finish`), against what the drill expected."""
-        if not self.states or finish.verdict == "interrupted":
+        if not self.states or finish.verdict == Verdict.INTERRUPTED:
             return finish
         drill = self.names()
         if expect and self.missed():
-            return Finish(1, "missed", f"the drill did not happen: {drill} (the training ended first)")
-        survived = finish.verdict == "ok"
+            return Finish(1, Verdict.MISSED, f"the drill did not happen: {drill} (the training ended first)")
+        survived = finish.verdict == Verdict.OK
         if expect == "fail":
             if survived:
-                return Finish(1, "survived", f"the training finished despite the drill ({drill}); it was "
+                return Finish(1, Verdict.SURVIVED, f"the training finished despite the drill ({drill}); it was "
                                              "expected to fail")
-            return Finish(0, "ok", f"as expected, the drill broke the training: {finish.problem} ({drill})")
+            return Finish(0, Verdict.OK, f"as expected, the drill broke the training: {finish.problem} ({drill})")
         if survived:
-            return Finish(0, "ok", None)
+            return Finish(0, Verdict.OK, None)
         return Finish(finish.exit_code, finish.verdict, f"{finish.problem} (the drill: {drill})")
 
     def rows(self, began: float | None) -> list[dict[str, Any]]:

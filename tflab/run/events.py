@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tflab.run.words import Verdict
+
 # -- events --------------------------------------------------------------------------------
 
 
@@ -170,7 +172,7 @@ class Check:
 @dataclass(frozen=True)
 class Finish:
     exit_code: int
-    verdict: str  # ok | failed | hung | stalled | oom | timeout | interrupted
+    verdict: Verdict
     problem: str | None = None
 
 

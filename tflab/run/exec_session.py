@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tflab_guard import protocol
+
 from tflab.engine import guardcmd
 from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
@@ -39,6 +41,7 @@ from tflab.run import history
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
 from tflab.run.events import Action, Began, Interrupt, PeerEnded, Say, Stop
 from tflab.run.watch import ProcessWatch
+from tflab.run.words import Verdict
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
 
@@ -72,7 +75,7 @@ class ExecResult:
     """How one exec ended."""
 
     code: int
-    verdict: str
+    verdict: Verdict
     duration_s: float
     steps_per_s: float | None = None
     problem: str | None = None
@@ -168,7 +171,7 @@ class ExecSession:
 
             def on_output(chunk: bytes, _is_err: bool, name: str = name, said: bytearray = said) -> None:
                 said.extend(chunk)
-                if b"holding\n" in said:
+                if f"{protocol.HOLDING}\n".encode() in said:
                     holding[name].set()
 
             def on_exit(end: End, name: str = name, said: bytearray = said) -> None:

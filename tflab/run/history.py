@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tflab_guard import protocol
+
 from tflab.errors import UserError
 from tflab.host.proc import pid_alive, process_start
 from tflab.plan import progress, quality
 from tflab.run.machine import RunMachine
 from tflab.run.runreport import NUMBER, RUN_FILE, NodeRow, RunReport, holds_types, load
+from tflab.run.words import Verdict
 
 OUTPUT_FILE = "output.log"
 LOG_DIR = "logs"
@@ -29,8 +32,6 @@ def stamp(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-# run.json's `reason` of a node (DESIGN: "A process's end is known"), from the guard's finer word for its end
-REASONS = {"oom": "oom", "stopped": "stopped", "lease": "stopped", "outside": "outside"}
 
 
 def node_rows(machine: RunMachine, diagnoses: dict[str, dict[str, str]] | None = None) -> dict[str, NodeRow]:
@@ -41,7 +42,7 @@ def node_rows(machine: RunMachine, diagnoses: dict[str, dict[str, str]] | None =
         recent = node.rate(RECENT_S) if node.running else None
         rows[name] = NodeRow(
             role=node.role, attempt=node.attempt, exit_code=node.exit_code, verdict=node.verdict,
-            reason=REASONS.get(node.ended_by or ""), signal=node.signal, said=node.reason,
+            reason=protocol.RECORD_REASONS.get(node.ended_by or ""), signal=node.signal, said=node.reason,
             duration_s=None if node.duration is None else round(node.duration, 2),
             steps_per_s=None if rate is None else round(rate, 2),
             recent_steps_per_s=None if recent is None else round(recent, 2),
@@ -199,7 +200,7 @@ def activity(runs_dir: Path, execs_dir: Path) -> dict[str, tuple[str, float | No
         if not report.is_live():
             continue
         for node, row in report.nodes.items():
-            if row.verdict in ("running", "held"):
+            if row.verdict in (Verdict.RUNNING, Verdict.HELD):
                 found[node] = (report.task, row.recent_steps_per_s)
     if execs_dir.is_dir():
         for folder in sorted(execs_dir.iterdir()):

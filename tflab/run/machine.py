@@ -65,6 +65,7 @@ from tflab.run.noderun import NodeRun
 from tflab.run.runplan import FINISHER, SERVER, SIDECAR, RunPlan
 from tflab.run.stalls import StallRule
 from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, teardown_message
+from tflab.run.words import Verdict
 
 
 class RunMachine:
@@ -160,7 +161,7 @@ class RunMachine:
             actions.append(Start(first))
         for name in self.plan.finishers:
             self.nodes[name].attempt = 1
-            self.nodes[name].verdict = "held"
+            self.nodes[name].verdict = Verdict.HELD
         if not self.plan.servers:
             actions.append(Start(self.plan.finishers))
             actions += self._release(event.t, announce=False)
@@ -172,7 +173,7 @@ class RunMachine:
         node = self.nodes[name]
         node.attempt += 1
         node.started, node.ended, node.exit_code, node.reason = t, None, None, None
-        node.verdict = "running"
+        node.verdict = Verdict.RUNNING
 
     def _release(self, t: float, announce: bool = True) -> list[Action]:
         self.released = True
@@ -180,7 +181,7 @@ class RunMachine:
         for name in self.plan.finishers:
             node = self.nodes[name]
             if node.ended is None:
-                node.started, node.verdict = t, "running"
+                node.started, node.verdict = t, Verdict.RUNNING
         actions: list[Action] = []
         if announce:
             actions.append(Say(f"starting {', '.join(self.plan.finishers)}"))
@@ -239,11 +240,11 @@ class RunMachine:
             return self._gang_member_ended(node, event)
         if event.node in self.back_before_end:
             return self._drilled_exit(node, event, self.back_before_end.pop(event.node))
-        if node.verdict not in ("running", "held"):
+        if node.verdict not in (Verdict.RUNNING, Verdict.HELD):
             # Stopped on purpose (served, stopped, hung, interrupted ...): the verdict stands.
             return self._maybe_done()
         if self.finished:
-            node.verdict = "stopped"
+            node.verdict = Verdict.STOPPED
             return []
         how = how_it_ended(event)
         if event.ended_by == protocol.OOM:
@@ -252,29 +253,29 @@ class RunMachine:
         if drilled is not None or event.node in self.down:
             return self._drilled_exit(node, event, drilled)
         if node.role == SERVER:
-            node.verdict = "failed"
+            node.verdict = Verdict.FAILED
             when = "while the workers were running" if self.released else f"before serving on port {GRPC_PORT}"
             return self._fail(f"{event.node} {how} {when}")
         if node.role == SIDECAR:
-            node.verdict = "ok" if event.code == 0 else "failed"
+            node.verdict = Verdict.OK if event.code == 0 else Verdict.FAILED
             return [] if event.code == 0 else [Say(f"{event.node} {how}; the run goes on without it")]
         if event.code == 0:
-            node.verdict = "ok"
+            node.verdict = Verdict.OK
             if event.node == self.plan.chief:
                 self.chief_ended = event.t
             return self._maybe_done()
         if self.plan.gang_restart and self.gang_restarts < self.plan.restarts and event.code is not None:
-            node.verdict = "restarted"
+            node.verdict = Verdict.RESTARTED
             return self._gang_restart(f"{event.node} {how}")
         if event.node != self.plan.chief and self.restarts[event.node] < self.plan.restarts and event.code is not None:
             self.restarts[event.node] += 1
-            node.verdict = "restarted"
+            node.verdict = Verdict.RESTARTED
             self._mark_started(event.node, event.t)
             return [
                 Say(f"{event.node} {how}; restart {self.restarts[event.node]} of {self.plan.restarts}"),
                 Start((event.node,), attempt=node.attempt),
             ]
-        node.verdict = "failed"
+        node.verdict = Verdict.FAILED
         return self._fail(f"{event.node} failed: {how}" if event.code is None
                           else f"{event.node} failed with exit code {event.code}"
                           + (f" ({event.reason})" if event.reason else ""))
@@ -289,29 +290,29 @@ class RunMachine:
         how = f"exited with {event.code}" if event.code is not None else "ended with no exit code"
         problem = f"the chief ({event.node}) {how} in its own exec; the training cannot go on without it"
         self.problems.append(problem)
-        return self._end("failed", 1, problem, verdict_for_running="stopped")
+        return self._end(Verdict.FAILED, 1, problem, verdict_for_running=Verdict.STOPPED)
 
     def _busy(self, event: Busy) -> list[Action]:
         self.stall_rule.heard(event, self.nodes)
         return []
 
     def _oom(self, node: NodeRun, event: Exited) -> list[Action]:
-        node.verdict = "oom"
+        node.verdict = Verdict.OOM
         limit = self.plan.memory_limits.get(event.node)
         problem = (f"{event.node} ran out of memory: the kernel's out-of-memory killer ended it "
                    + (f"at its node's limit of {limit}" if limit else "(its node has no limit: the host itself ran out)"))
         if node.role == SIDECAR:
             return [Say(f"{problem}; the run goes on without it")]
         self.problems.append(problem)
-        return self._end("oom", 1, problem, verdict_for_running="stopped")
+        return self._end(Verdict.OOM, 1, problem, verdict_for_running=Verdict.STOPPED)
 
     def _tick(self, t: float) -> list[Action]:
         if self.finished or self.began is None:
             return []
         plan = self.plan
         if plan.timeout_s is not None and t - self.began > plan.timeout_s:
-            return self._end("timeout", 1, f"the run passed its timeout of {plan.timeout_s:g}s",
-                             verdict_for_running="timeout")
+            return self._end(Verdict.TIMEOUT, 1, f"the run passed its timeout of {plan.timeout_s:g}s",
+                             verdict_for_running=Verdict.TIMEOUT)
         drill, stalled = self._drill_tick(t)
         if stalled:
             return drill
@@ -341,7 +342,7 @@ class RunMachine:
             message = teardown_message(self.plan, name, t - (self.chief_ended or t))
             actions.append(Say(message))
             if plan.stop_hung:
-                self.nodes[name].verdict, self.nodes[name].reason = "ok", message
+                self.nodes[name].verdict, self.nodes[name].reason = Verdict.OK, message
         for name in hung:
             node = self.nodes[name]
             self.hung_reported.add(name)
@@ -349,7 +350,7 @@ class RunMachine:
             if not plan.stop_hung:
                 actions.append(Say(message))  # said once; stopping it is the user's call
                 continue
-            node.verdict = "hung"
+            node.verdict = Verdict.HUNG
             node.reason = message
             self.problems.append(message)
         if not plan.stop_hung:
@@ -369,13 +370,13 @@ class RunMachine:
         silence = f"{self.plan.stall_s:g}s"
         for name in waiting:
             node = self.nodes[name]
-            node.verdict = "stalled"
+            node.verdict = Verdict.STALLED
             node.reason = f"printed no step, and no node of the run printed or computed for {silence}"
         problem = (f"the run is stalled: {', '.join(waiting)} printed no step, and no node of it printed a line or "
                    f"used the CPU for {silence} (--stall): they wait for something that does not come")
         self.problems.append(problem)
         check: list[Action] = [Check(tuple(self.running()), tuple(waiting))]
-        return check + self._end("stalled", 1, problem, verdict_for_running="stopped")
+        return check + self._end(Verdict.STALLED, 1, problem, verdict_for_running=Verdict.STOPPED)
 
     def _tearing_down(self, node: NodeRun) -> bool:
         """A finisher that trained, and whose runtime then called the chief's coordination service after the
@@ -386,7 +387,7 @@ class RunMachine:
         if self.finished:
             still = tuple(self.running())
             return [Stop(still, force=True)] if event.force and still else []
-        return self._end("interrupted", 130, event.reason, verdict_for_running="interrupted",
+        return self._end(Verdict.INTERRUPTED, 130, event.reason, verdict_for_running=Verdict.INTERRUPTED,
                          force=event.force)
 
     # -- endings ---------------------------------------------------------------------------
@@ -400,13 +401,13 @@ class RunMachine:
         if any(n.ended is None for n in finishers):
             return []  # still running, or hung and being stopped: their exits end the run
         if not finishers:
-            return self._end("failed", 1, "the drill took down every worker", verdict_for_running="stopped")
-        if all(n.verdict == "ok" for n in finishers):
-            return self._end("ok", 0, None, verdict_for_running="served")
-        if any(n.verdict == "hung" for n in finishers):
-            return self._end("hung", 1, "; ".join(self.problems), verdict_for_running="stopped")
-        return self._end("failed", 1, "; ".join(self.problems) or "not every worker succeeded",
-                         verdict_for_running="stopped")
+            return self._end(Verdict.FAILED, 1, "the drill took down every worker", verdict_for_running=Verdict.STOPPED)
+        if all(n.verdict == Verdict.OK for n in finishers):
+            return self._end(Verdict.OK, 0, None, verdict_for_running=Verdict.SERVED)
+        if any(n.verdict == Verdict.HUNG for n in finishers):
+            return self._end(Verdict.HUNG, 1, "; ".join(self.problems), verdict_for_running=Verdict.STOPPED)
+        return self._end(Verdict.FAILED, 1, "; ".join(self.problems) or "not every worker succeeded",
+                         verdict_for_running=Verdict.STOPPED)
 
     def _gone_for_good(self) -> set[str]:
         """Finishers a drill took down that come back neither by the drill nor by --restarts: the run goes on without them."""
@@ -414,17 +415,17 @@ class RunMachine:
                 and self.nodes[n].ended is not None}
 
     def _fail(self, problem: str) -> list[Action]:
-        return self._end("failed", 1, problem, verdict_for_running="stopped")
+        return self._end(Verdict.FAILED, 1, problem, verdict_for_running=Verdict.STOPPED)
 
-    def _end(self, verdict: str, code: int, problem: str | None, verdict_for_running: str,
+    def _end(self, verdict: Verdict, code: int, problem: str | None, verdict_for_running: Verdict,
              force: bool = False) -> list[Action]:
         still = self.running()
         for name in still:
             node = self.nodes[name]
-            if node.verdict in ("running", "held"):
+            if node.verdict in (Verdict.RUNNING, Verdict.HELD):
                 role_verdict = verdict_for_running
-                if verdict_for_running == "served" and node.role == SIDECAR:
-                    role_verdict = "stopped"
+                if verdict_for_running == Verdict.SERVED and node.role == SIDECAR:
+                    role_verdict = Verdict.STOPPED
                 node.verdict = role_verdict
         self.finish = self.drills.judge(Finish(code, verdict, problem), self.plan.expect)
         actions: list[Action] = []
@@ -530,8 +531,8 @@ class RunMachine:
     def _drilled_exit(self, node: NodeRun, event: Exited, state: DrillState | None) -> list[Action]:
         """A process the drill ended: not a failure of its own; it comes back if the drill or --restarts says so."""
         fault = state.fault if state is not None else None
-        node.verdict = {"kill": "killed", "stop": "shut down", "restart": "rebooted"}.get(
-            fault.action if fault else "kill", "killed")
+        node.verdict = {"kill": Verdict.KILLED, "stop": Verdict.SHUT_DOWN, "restart": Verdict.REBOOTED}.get(
+            fault.action if fault else "kill", Verdict.KILLED)
         node.reason = f"by the drill ({fault.describe()})" if fault else "by the drill"
         if node.ended_by == protocol.OUTSIDE:
             node.ended_by = protocol.STOPPED  # the drill's signal is tflab's own, sent on purpose
@@ -553,7 +554,7 @@ class RunMachine:
         self.gang = set(self.plan.finishers)
         still = tuple(n for n in self.plan.finishers if self.nodes[n].running)
         for name in still:
-            self.nodes[name].verdict = "restarting"
+            self.nodes[name].verdict = Verdict.RESTARTING
         actions: list[Action] = [Say(f"{why}; restarting every worker together (an all-reduce job trains in "
                                      f"lockstep), restart {self.gang_restarts} of {self.plan.restarts}")]
         for name in sorted(self.down - self.reviving):
@@ -564,7 +565,7 @@ class RunMachine:
         return actions + self._gang_ready(None)
 
     def _gang_member_ended(self, node: NodeRun, event: Exited) -> list[Action]:
-        node.verdict = "restarting"
+        node.verdict = Verdict.RESTARTING
         return self._gang_ready(event.t)
 
     def _gang_ready(self, t: float | None) -> list[Action]:

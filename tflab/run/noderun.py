@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tflab.plan import progress
+from tflab.run.words import Verdict
 
 
 @dataclass
@@ -17,7 +18,7 @@ class NodeRun:
     started: float | None = None  # released, for finishers
     ended: float | None = None
     exit_code: int | None = None
-    verdict: str = "pending"  # pending | running | ok | failed | hung | served | stopped | ...
+    verdict: Verdict = Verdict.PENDING
     reason: str | None = None
     signal: str | None = None  # the signal that ended it (SIGTERM), by name
     ended_by: str | None = None  # exited, stopped, crashed, outside, oom, lease, refused, lost

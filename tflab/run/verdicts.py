@@ -8,6 +8,7 @@ from tflab_guard.protocol import Ending
 from tflab.run.events import Exited, Finish
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import RunPlan
+from tflab.run.words import Verdict
 
 
 def how_it_ended(event: Exited) -> str:
@@ -59,14 +60,14 @@ def teardown_message(plan: RunPlan, name: str, after: float) -> str:
 def node_verdict(finish: Finish, node: NodeRun) -> Finish:
     """A decided run as one node's `tflab exec` reports it: the node's own exit code where it ended by itself,
     else what ended it (130 interrupted, 1 hung, 137 out of memory, 255 no exit code)."""
-    if finish.verdict == "interrupted":
-        return Finish(130, "interrupted", finish.problem)
-    if node.verdict == "ok":
-        return Finish(0, "ok")  # ended 0, or trained and was stopped in TensorFlow's teardown
-    if node.verdict == "hung":
-        return Finish(1, "hung", finish.problem)
-    if node.verdict == "oom":
-        return Finish(node.exit_code or 137, "oom", finish.problem)
+    if finish.verdict == Verdict.INTERRUPTED:
+        return Finish(130, Verdict.INTERRUPTED, finish.problem)
+    if node.verdict == Verdict.OK:
+        return Finish(0, Verdict.OK)  # ended 0, or trained and was stopped in TensorFlow's teardown
+    if node.verdict == Verdict.HUNG:
+        return Finish(1, Verdict.HUNG, finish.problem)
+    if node.verdict == Verdict.OOM:
+        return Finish(node.exit_code or 137, Verdict.OOM, finish.problem)
     if node.exit_code is None:
-        return Finish(255, "failed", finish.problem or f"{node.name} ended with no exit code: {node.reason}")
-    return Finish(node.exit_code, "failed", finish.problem)
+        return Finish(255, Verdict.FAILED, finish.problem or f"{node.name} ended with no exit code: {node.reason}")
+    return Finish(node.exit_code, Verdict.FAILED, finish.problem)

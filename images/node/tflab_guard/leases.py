@@ -12,7 +12,7 @@ import sys
 import time
 
 from tflab_guard import registry
-from tflab_guard.protocol import LEASE_S, RENEW, RENEW_EVERY_S, STOP
+from tflab_guard.protocol import HOLDING, LEASE_S, RENEW, RENEW_EVERY_S, STOP
 
 # A look at a lease this much later than the last one: this process was not running meanwhile (the
 # cgroup freezer of a `pause` drill, `docker pause`, a suspended host), and neither was its reader.
@@ -101,7 +101,7 @@ def hold(args):
     """Hold LEASE as HOLDER while tflab renews it; `holding` once held. `stop` leaves it; the connection's end
     does not (tflab attaches again), so an unrenewed holder lapses LEASE_S later."""
     renew(args.lease, args.holder)
-    print("holding", flush=True)
+    print(HOLDING, flush=True)
     try:
         for line in sys.stdin:
             word = line.strip()

@@ -3,7 +3,7 @@
 import os
 
 from tflab_guard import registry
-from tflab_guard.protocol import Ending
+from tflab_guard.protocol import LAPSED, STOPPED, Ending
 
 # cgroup v2, then v1 (kernel 4.13 and later count oom_kill there too).
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -35,7 +35,7 @@ class OomWatch(object):
 
     def ending(self, status, stopped_why=None):
         """The Ending of a wait status (negative: that signal), with why tflab stopped it, if it did."""
-        return Ending.of_status(status, stopped_by_tflab=stopped_why == "stopped", lapsed=stopped_why == "lease",
+        return Ending.of_status(status, stopped_by_tflab=stopped_why == STOPPED, lapsed=stopped_why == LAPSED,
                                 oom=status == -9 and self.killed())
 
 

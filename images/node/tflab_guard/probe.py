@@ -4,7 +4,7 @@ import socket
 import time
 
 from tflab_guard import busy, registry
-from tflab_guard.protocol import PROBE_BUSY, PROBE_ENDED, PROBE_SERVING, PROBE_TIMEOUT
+from tflab_guard.protocol import PROBE_BUSY, PROBE_ENDED, PROBE_SERVING, PROBE_TIMEOUT, busy_reply
 
 
 def probe(args):
@@ -35,7 +35,7 @@ def probe(args):
         if time.monotonic() - began >= args.timeout:
             if watched is None or stalled:
                 return PROBE_TIMEOUT
-            print("busy %.1f" % watched.used_s())
+            print(busy_reply(watched.used_s()))
             return PROBE_BUSY
         time.sleep(pause)
         pause = min(pause * 1.2, 0.5)  # a server that takes seconds to start needs no 20 looks a second

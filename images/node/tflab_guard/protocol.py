@@ -34,6 +34,11 @@ RENEW_EVERY_S = 1.0  # how often tflab renews a lease
 LEASE_S = float(os.environ.get("TFLAB_GUARD_LEASE_S") or 10.0)
 # So every process of a run ends within LEASE_S + STOP_GRACE_S (+ a check's second) of tflab's death.
 
+# A lease's holder says this once it holds (`hold`).
+HOLDING = "holding"
+# `warm`'s answers (its exit code): the node's standby is ready; it is being made (importing); there is none.
+WARM_READY, WARM_MAKING, WARM_NONE = 0, 1, 2
+
 # A probe's answers (its exit code): the port accepts; the server's process ended first; not serving at the
 # timeout (and, asked to tell, its processes used no CPU lately: it is stuck); not serving but busy starting.
 PROBE_SERVING, PROBE_ENDED, PROBE_TIMEOUT, PROBE_BUSY = 0, 3, 4, 5
@@ -50,7 +55,15 @@ OOM = "oom"              # the kernel's out-of-memory killer (the node's cgroup 
 CRASHED = "crashed"      # a signal of its own doing: SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL
 OUTSIDE = "outside"      # a signal tflab did not send
 LOST = "lost"            # the guard that owned it is gone too: how it ended cannot be known
+# run.json's `reason` of a node, from the guard's word for its end: one of these, or null (it exited by itself,
+# crashed, could not be started, or its end is unknown: its exit code and signal say it).
+RECORD_REASONS = {OOM: "oom", STOPPED: "stopped", LAPSED: "lease", OUTSIDE: "outside"}
 CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
+
+
+def busy_reply(seconds):
+    """A probe's word when the server is busy starting: the CPU seconds its processes used meanwhile."""
+    return "busy %.1f" % seconds
 
 
 def signal_name(number):
@@ -66,9 +79,18 @@ class Ending(object):
     and why (one of the reasons above). The model: Kubernetes' ContainerStateTerminated."""
 
     def __init__(self, code, signal=None, reason=EXITED):
-        self.code = code        # the shell's number: the exit code, or 128 + the signal's
-        self.signal = signal    # "SIGTERM", or None when it exited
+        self.code = code        # the shell's number: the exit code, or 128 + the signal's; None: it never ran
+        self.signal = signal    # "SIGTERM", or None when it exited (or never ran)
         self.reason = reason
+
+    @classmethod
+    def never_ran(cls, why):
+        """A held process stopped before it was released (by tflab: STOPPED; its lease lapsed: LAPSED)."""
+        return cls(None, None, why)
+
+    def status(self):
+        """The guard's own exit status for it: its code, or a shell's for a process stopped (143) if it never ran."""
+        return 128 + signal.SIGTERM if self.code is None else self.code
 
     @classmethod
     def of_status(cls, status, stopped_by_tflab=False, lapsed=False, oom=False):
@@ -112,6 +134,9 @@ class Ending(object):
             return "killed by the kernel's out-of-memory killer (SIGKILL)"
         if self.reason == LOST:
             return "its guard is gone too: how it ended is unknown"
+        if self.code is None:
+            return {LAPSED: "never started: tflab's lease lapsed while it was held (tflab was gone)"}.get(
+                self.reason, "never started: stopped by tflab while it was held")
         if self.signal is None:
             if self.reason == REFUSED:
                 return "could not be started (exit %d)" % self.code
@@ -234,6 +259,14 @@ class Call(object):
         self.shell = options.pop("shell", None)   # a shell line
 
     def argv(self):
+        """The guard's command line; an option the verb does not take is a TypeError here, not a usage at run time
+        (which tflab would read as an older guard's refusal)."""
+        known = _options().get(self.verb)
+        if known is None:
+            raise TypeError("the guard has no verb %r" % self.verb)
+        wrong = sorted("--" + name.replace("_", "-") for name in self.options if name not in known)
+        if wrong or (self.shell is not None and "shell" not in known):
+            raise TypeError("the guard's %s takes no %s" % (self.verb, ", ".join(wrong or ["--shell"])))
         line = list(GUARD) + [self.verb] + [str(w) for w in self.words]
         for name in sorted(self.options):
             value = self.options[name]
@@ -318,6 +351,18 @@ def parser():
     p = verbs.add_parser("program", help="(internal) a program the guard starts: TensorFlow imported first")
     p.add_argument("--go-fd", type=int)
     return top
+
+
+_OPTIONS = {}  # type: dict[str, set[str]]
+
+
+def _options():
+    """Each verb's options, by their names in a Call (the parser's own)."""
+    if not _OPTIONS:
+        verbs = next(action for action in parser()._actions if action.dest == "verb")
+        for verb, sub in verbs.choices.items():
+            _OPTIONS[verb] = set(action.dest for action in sub._actions if action.option_strings)
+    return _OPTIONS
 
 
 def parse(words):

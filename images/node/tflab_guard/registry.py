@@ -17,7 +17,7 @@ import glob
 import os
 import time
 
-from tflab_guard.protocol import Ending
+from tflab_guard.protocol import STOPPED, Ending
 
 STATE = os.environ.get("TFLAB_GUARD_STATE", "/run/tflab")  # tests point it elsewhere
 
@@ -113,7 +113,7 @@ def out_paths(key):
     return (state_path("out", key + ".out"), state_path("out", key + ".err"))
 
 
-def mark_stopped(key, why="stopped"):
+def mark_stopped(key, why=STOPPED):
     """tflab stops KEY's process now (`why`: stopped, or lease when tflab's lease lapsed)."""
     try:
         _write_atomically(stop_path(key), why + "\n")
@@ -125,7 +125,7 @@ def stopped_why(key):
     """`stopped` or `lease` when tflab stopped KEY's process, else None."""
     try:
         with open(stop_path(key)) as handle:
-            return handle.read().strip() or "stopped"
+            return handle.read().strip() or STOPPED
     except OSError:
         return None
 

@@ -26,7 +26,7 @@ import threading
 import time
 
 from tflab_guard import busy, commands, groups, memory, proctitle, registry
-from tflab_guard.protocol import GUARD, GUARD_PATH
+from tflab_guard.protocol import GUARD, GUARD_PATH, STOP_GRACE_S, WARM_MAKING, WARM_NONE, WARM_READY
 
 KEY = "standby"
 HEADER = struct.Struct("!I")
@@ -43,10 +43,10 @@ def ready():
 
 
 def warm_state(_args=None):
-    """`warm`'s exit code: 0 the standby is ready, 1 it is being made (importing), 2 there is none."""
+    """`warm`'s exit code: WARM_READY, WARM_MAKING (importing), or WARM_NONE."""
     if ready():
-        return 0
-    return 1 if registry.read_pid(KEY) is not None else 2
+        return WARM_READY
+    return WARM_MAKING if registry.read_pid(KEY) is not None else WARM_NONE
 
 
 def send_fds(sock, payload, fds):
@@ -82,7 +82,7 @@ def ensure():
     """A standby made where this node has none (it left unclaimed, the OOM killer took it): what a `--warm` run's
     guard does as it ends, so the next program finds one. Detached, with the node's own environment (its first
     process's), not the run's."""
-    if warm_state() != 2:
+    if warm_state() != WARM_NONE:
         return
     env = dict(os.environ)
     argv = [sys.executable, sys.argv[0], "standby"]  # (the guard's own tests: their interpreter, their environment)
@@ -244,7 +244,7 @@ def become(request, fds, connection):
                 pass
         except OSError:
             pass
-        groups.stop_group(os.getpgrp(), request.get("grace", 3.0))
+        groups.stop_group(os.getpgrp(), request.get("grace", STOP_GRACE_S))
 
     threading.Thread(target=watch_claimant, daemon=True).start()
     sys.exit(commands.run_program(argv))

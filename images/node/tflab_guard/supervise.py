@@ -21,7 +21,8 @@ import time
 
 from tflab_guard import commands, groups, leases, memory, registry, standby, stopping
 from tflab_guard.connection import Connection
-from tflab_guard.protocol import DELIVERED_WAIT_S, LEASE_S, LOST, REFUSED, STOP_GRACE_S, STOPPED, Ending, StreamEnd
+from tflab_guard.protocol import (DELIVERED_WAIT_S, LAPSED, LEASE_S, LOST, OOM, REFUSED, STOP_GRACE_S, STOPPED, Ending,
+                                  StreamEnd)
 
 POLL_S = 0.1
 HELD_POLL_S = 0.5  # a held program waits for `go` or `stop` (words that wake it at once), a signal, or a lapse
@@ -253,7 +254,7 @@ def run(args):
         while not connection.released.is_set() and not told_to_stop():
             connection.released.wait(HELD_POLL_S)
     if told_to_stop():
-        stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else "lease")
+        stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else LAPSED)
     released = stopper.why is None
     if released:
         registry.write_pid(key, program.release())
@@ -261,26 +262,26 @@ def run(args):
             if signalled or connection.stop_asked.is_set():
                 stopper(program.pgid())
             elif watch.lapsed():
-                stopper(program.pgid(), "lease")
+                stopper(program.pgid(), LAPSED)
             time.sleep(POLL_S)
     if not released:  # stopped while held: it never ran
         if program.pgid() is not None:
             groups.stop_group(program.pgid(), 0, force=True)
             program.child.wait()
-        ending = Ending(128 + signal.SIGTERM, "SIGTERM", STOPPED if stopper.why == STOPPED else "lease")
+        ending = Ending.never_ran(stopper.why)  # recorded as that: no signal reached a program
     elif isinstance(program, Warm):
         ending = program.ending()
     else:
         ending = oom.ending(program.status(), registry.stopped_why(key))
     registry.write_exit(key, ending)
-    if ending.reason == "oom":
+    if ending.reason == OOM:
         err.write((memory.oom_sentence() + "\n").encode())
     _end_output(args, key, ending, (out, err), followers, connection)
     leases.leave(lease, key)
     if args.warm:
         standby.ensure()  # for the next program, where this one found none (or it has gone)
     registry.unlink(registry.guard_path(key))
-    return ending.code
+    return ending.status()
 
 
 def _end_output(args, key, ending, handles, followers, connection):
@@ -363,16 +364,16 @@ def serve(args):
         if signalled:
             stopper(program.pgid())
         elif lease_lapsed():
-            stopper(program.pgid(), "lease")
+            stopper(program.pgid(), LAPSED)
         time.sleep(POLL_S)
     ending = program.ending() if isinstance(program, Warm) else oom.ending(program.status(), registry.stopped_why(key))
     registry.write_exit(key, ending)
-    if ending.reason == "oom":
+    if ending.reason == OOM:
         log.write((memory.oom_sentence() + "\n").encode())
     registry.unlink(registry.guard_path(key))
     if args.warm:
         standby.ensure()
-    return ending.code
+    return ending.status()
 
 
 def _size(path):
@@ -410,5 +411,5 @@ def attach(args):
     finish_following(followers)
     if args.end_in_stream:
         tell_end(key, ending, connection)
-    return ending.code
+    return ending.status()
 
