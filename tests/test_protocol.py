@@ -90,7 +90,7 @@ def test_a_streams_own_bytes_pass_and_only_the_end_line_is_taken() -> None:
 
 
 def test_the_replies_the_guard_writes_are_read_by_the_host() -> None:
-    assert guardcmd.read_busy(protocol.busy_reply(12.34)) == 12.3  # a probe's `busy SECONDS`
-    assert guardcmd.read_busy("") == 0.0
+    assert protocol.read_busy(protocol.busy_reply(12.34) + "\n") == 12.3  # a probe's `busy SECONDS`
+    assert protocol.read_busy("") == 0.0
     assert protocol.HOLDING == "holding"  # a lease's holder's word once held (exec_session waits for it)
     assert (protocol.WARM_READY, protocol.WARM_MAKING, protocol.WARM_NONE) == (0, 1, 2)

@@ -141,7 +141,7 @@ def await_serving(executor: Executor, node: str, key: str | None, timeout_s: flo
     while code == protocol.PROBE_BUSY:
         if not said:
             on_busy(f"{node} has not served on port {GRPC_PORT} within {timeout_s:g}s, but it is busy starting "
-                    f"({read_busy(out):.1f} CPU-s in that time): waiting while it uses the CPU")
+                    f"({protocol.read_busy(out):.1f} CPU-s in that time): waiting while it uses the CPU")
             said = True
         code, out = executor.run(node, probe(node, key, BUSY_PROBE_S, quiet_s, while_busy=True))
     if code == protocol.PROBE_SERVING:
@@ -159,18 +159,6 @@ def await_serving(executor: Executor, node: str, key: str | None, timeout_s: flo
                                  f"processes used no CPU in the last {min(quiet_s, timeout_s):g}s: it is stuck")
     return ServeWait("late", f"{node} did not serve on port {GRPC_PORT}: busy starting for a while, it then used no "
                              f"CPU for {quiet_s:g}s ({time.monotonic() - began:.0f}s after it was started): it is stuck")
-
-
-def read_busy(answer: str) -> float:
-    """The CPU seconds in a probe's `busy SECONDS` (protocol.busy_reply)."""
-    for line in answer.splitlines():
-        words = line.split()
-        if len(words) == 2 and words[0] == "busy":
-            try:
-                return float(words[1])
-            except ValueError:
-                break
-    return 0.0
 
 
 def alive(key: str) -> list[str]:

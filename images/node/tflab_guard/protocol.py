@@ -66,6 +66,18 @@ def busy_reply(seconds):
     return "busy %.1f" % seconds
 
 
+def read_busy(answer):
+    """The CPU seconds in a probe's answer (busy_reply); 0.0 where it says none."""
+    for line in answer.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "busy":
+            try:
+                return float(words[1])
+            except ValueError:
+                break
+    return 0.0
+
+
 def signal_name(number):
     """SIGTERM for 15; None for what is no signal."""
     try:
