@@ -11,6 +11,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import partial
 
 from tflab_guard import protocol
@@ -119,12 +120,20 @@ def reach(peers: Sequence[str], timeout_s: float = 2.0) -> list[str]:
 BUSY_PROBE_S = 300.0
 
 
+class ServeOutcome(StrEnum):
+    """How the wait for a server ended."""
+
+    SERVING = "serving"
+    ENDED = "ended"  # its process ended first
+    LATE = "late"  # it did not serve: the ServeWait's problem says why, where that is known
+
+
 @dataclass(frozen=True)
 class ServeWait:
     """How the wait for a server ended: `serving`, `ended` (its process ended first), or `late` (with the
     sentence: it did not serve, and why that is known)."""
 
-    outcome: str
+    outcome: ServeOutcome
     problem: str | None = None
 
 
@@ -145,19 +154,19 @@ def await_serving(executor: Executor, node: str, key: str | None, timeout_s: flo
             said = True
         code, out = executor.run(node, probe(node, key, BUSY_PROBE_S, quiet_s, while_busy=True))
     if code == protocol.PROBE_SERVING:
-        return ServeWait("serving")
+        return ServeWait(ServeOutcome.SERVING)
     if code == protocol.PROBE_ENDED:
-        return ServeWait("ended")
+        return ServeWait(ServeOutcome.ENDED)
     if protocol.is_old_guard(code, out):
-        return ServeWait("late", OLD_GUARD)
+        return ServeWait(ServeOutcome.LATE, OLD_GUARD)
     if code != protocol.PROBE_TIMEOUT:
-        return ServeWait("late", f"{node} could not be asked whether it serves (exit {code}: {out.strip()[-200:]})")
+        return ServeWait(ServeOutcome.LATE, f"{node} could not be asked whether it serves (exit {code}: {out.strip()[-200:]})")
     if not key:
-        return ServeWait("late", f"{node} did not serve on port {GRPC_PORT} within {timeout_s:g}s")
+        return ServeWait(ServeOutcome.LATE, f"{node} did not serve on port {GRPC_PORT} within {timeout_s:g}s")
     if not said:
-        return ServeWait("late", f"{node} did not serve on port {GRPC_PORT} within {timeout_s:g}s, and its "
+        return ServeWait(ServeOutcome.LATE, f"{node} did not serve on port {GRPC_PORT} within {timeout_s:g}s, and its "
                                  f"processes used no CPU in the last {min(quiet_s, timeout_s):g}s: it is stuck")
-    return ServeWait("late", f"{node} did not serve on port {GRPC_PORT}: busy starting for a while, it then used no "
+    return ServeWait(ServeOutcome.LATE, f"{node} did not serve on port {GRPC_PORT}: busy starting for a while, it then used no "
                              f"CPU for {quiet_s:g}s ({time.monotonic() - began:.0f}s after it was started): it is stuck")
 
 

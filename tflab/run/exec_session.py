@@ -211,10 +211,10 @@ class ExecSession:
                 setup.ready_timeout_s, self.say),
             setup.servers)))
         for name in setup.servers:
-            if waits[name].outcome == "ended":
+            if waits[name].outcome == guardcmd.ServeOutcome.ENDED:
                 raise UserError(f"{name} exited before serving on port {GRPC_PORT}; its output is in "
                                 f"the runs folder: {setup.task}/logs/{name}.log")
-            if waits[name].outcome != "serving":
+            if waits[name].outcome != guardcmd.ServeOutcome.SERVING:
                 raise UserError(f"{waits[name].problem}; its output is in the runs folder: {setup.task}/logs/{name}.log")
             how = ("its own exec, in another terminal: this exec joins it" if name in self.exec_nodes
                    else "started for this exec" if started[name] else "already serving: this exec joins it")

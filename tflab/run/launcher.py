@@ -309,9 +309,9 @@ class Launcher:
         except TflabError as exc:
             self.events.put(NotServing(name, self.clock(), f"{name} could not be asked whether it serves: {exc}"))
             return
-        if waited.outcome == "serving":
+        if waited.outcome == guardcmd.ServeOutcome.SERVING:
             self.events.put(Serving(name, self.clock()))
-        elif waited.outcome == "late":
+        elif waited.outcome == guardcmd.ServeOutcome.LATE:
             self.events.put(NotServing(name, self.clock(), waited.problem or f"{name} did not serve"))
 
     def _stop(self, name: str, force: bool) -> None:
