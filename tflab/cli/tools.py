@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +17,7 @@ from tflab.engine import doctor as doctor_checks
 from tflab.engine import guardcmd
 from tflab.errors import UserError
 from tflab.host.ports import wait_for_http
+from tflab.plan import labfile
 
 TENSORBOARD_KEY = "tensorboard"
 
@@ -42,6 +45,11 @@ def tensorboard(
         raise UserError(f"TensorBoard did not answer at {url} within 90s; its log: "
                         f"`tflab exec {chief.name} -- cat /tmp/tflab-tensorboard.log`")
     console().print(f"TensorBoard for {lf.runs_dir} (as /runs in {chief.name}): {url}")
+
+
+def schema() -> None:
+    """Print tflab.yaml's JSON Schema (`gen` writes it beside the file, which names it for your editor)."""
+    sys.stdout.write(json.dumps(labfile.json_schema(), indent=2) + "\n")
 
 
 def doctor() -> None:

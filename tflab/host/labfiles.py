@@ -12,6 +12,7 @@ from pathlib import Path
 from tflab.errors import UserError
 from tflab.host import dockerconfig
 from tflab.plan import config as cfg
+from tflab.plan import labfile
 from tflab.plan import shares
 from tflab.plan.config import LAB_FILE, LabConfig, Task
 from tflab.plan.labfile import from_yaml, to_yaml
@@ -280,6 +281,8 @@ def write_lab(config: LabConfig, root: Path, force: bool,
         handle.write(pair.private)
     (keys_dir / cfg.PUBLIC_KEY).write_text(pair.public)
     (root / cfg.COMPOSE_FILE).write_text(compose)
+    # what tflab.yaml's first line names: an editor completes and checks the file as the user types
+    (root / labfile.SCHEMA_FILE).write_text(json.dumps(labfile.json_schema(), indent=2) + "\n")
     write_identity(root, project)
     # tflab.yaml last: a lab folder without it is not a lab, so an interrupted gen is no lab.
     (root / cfg.LAB_FILE).write_text(lab_yaml)

@@ -22,8 +22,10 @@ from tflab.plan import shares, taskfile
 from tflab.plan.config import (
     AUTO_BASE,
     DEFAULT_RUNS,
+    KERAS_CHOICES,
     LAB_FILE,
     PLACEHOLDERS,
+    TASK_NAME,
     TARGETS,
     LabConfig,
     Packages,
@@ -44,6 +46,24 @@ from tflab.plan.strictyaml import Reader, load_yaml, shown
 from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology
 
 ReadKey = Callable[[Reader, dict, str, str], Any]  # (reader, the mapping, the key, where the mapping is) -> value
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reads:
+    """How a key is read (strictly), and what it may hold as JSON Schema says it: from the same declaration come
+    the reader's one-line errors and the schema an editor checks the file with as the user types (`tflab schema`)."""
+
+    read: ReadKey
+    schema: Json
+
+    def __call__(self, read: Reader, doc: dict, key: str, where: str) -> Any:
+        return self.read(read, doc, key, where)
+
+
+def _nullable(kind: str | list[str]) -> list[str]:
+    """A key left empty (null) reads as its default."""
+    return [*([kind] if isinstance(kind, str) else kind), "null"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,10 @@ class Key:
 
     def written(self, config: LabConfig) -> Any:
         return self.write(config) if self.write is not None else attrgetter(self.attr)(config)
+
+    @property
+    def schema(self) -> Json:
+        return self.read.schema if isinstance(self.read, Reads) else {}
 
 
 @dataclass(frozen=True)
@@ -84,20 +108,29 @@ def said_as_the_files(read: Reader, prefix: str = "") -> Iterator[None]:
         raise UserError(f"{read.source}: {prefix}{exc}") from None
 
 
+def _bounds(minimum: int | None, maximum: int | None = None) -> Json:
+    return {**({"minimum": minimum} if minimum is not None else {}), **({"maximum": maximum} if maximum is not None else {})}
+
+
 def whole(default: int, minimum: int | None = None, maximum: int | None = None) -> ReadKey:
-    return lambda read, doc, key, where: read.whole(doc, key, where, default, minimum, maximum)
+    return Reads(lambda read, doc, key, where: read.whole(doc, key, where, default, minimum, maximum),
+                 {"type": "integer", "default": default, **_bounds(minimum, maximum)})
 
 
 def integer(default: int | None, minimum: int | None = None) -> ReadKey:
-    return lambda read, doc, key, where: read.integer(doc, key, where, default, minimum)
+    return Reads(lambda read, doc, key, where: read.integer(doc, key, where, default, minimum),
+                 {"type": _nullable("integer"), **({"default": default} if default is not None else {}),
+                  **_bounds(minimum)})
 
 
 def boolean(default: bool) -> ReadKey:
-    return lambda read, doc, key, where: read.boolean(doc, key, where, default)
+    return Reads(lambda read, doc, key, where: read.boolean(doc, key, where, default),
+                 {"type": "boolean", "default": default})
 
 
 def text(default: str) -> ReadKey:
-    return lambda read, doc, key, where: read.text(doc, key, where, default)
+    return Reads(lambda read, doc, key, where: read.text(doc, key, where, default),
+                 {"type": "string", "minLength": 1, "default": default})
 
 
 def string(default: str | None, choices: tuple[str, ...] | None = None,
@@ -109,7 +142,10 @@ def string(default: str | None, choices: tuple[str, ...] | None = None,
             with said_as_the_files(read):
                 check(value, f"{where}.{key}" if where else key)
         return value if value is not None else default
-    return read_it
+    schema: Json = {"type": _nullable("string"), "minLength": 1}
+    if choices is not None:
+        schema["enum"] = [*choices, None]
+    return Reads(read_it, {**schema, **({"default": default} if default is not None else {})})
 
 
 def path(default: str | None) -> ReadKey:
@@ -117,7 +153,8 @@ def path(default: str | None) -> ReadKey:
     def read_it(read: Reader, doc: dict, key: str, where: str) -> str | None:
         read.string(doc, key, where, None)
         return doc.get(key) or default
-    return read_it
+    return Reads(read_it, {"type": _nullable("string"), "minLength": 1,
+                           **({"default": default} if default is not None else {})})
 
 
 def share(check: Callable[[str, str], str]) -> ReadKey:
@@ -128,16 +165,20 @@ def share(check: Callable[[str, str], str]) -> ReadKey:
             raise read.fail(f"{where}.{key}", f"must be auto, 0 or a number, not {shown(value)}")
         with said_as_the_files(read):
             return check(str(value), f"{where}.{key}")
-    return read_it
+    return Reads(read_it, {"type": ["string", "number"], "default": shares.AUTO,
+                           "description": "auto, 0 (no limit) or an amount"})
 
 
-def link_rate(read: Reader, doc: dict, key: str, where: str) -> str | None:
+def _link_rate(read: Reader, doc: dict, key: str, where: str) -> str | None:
     rate = read.string(doc, key, where, None)
     with said_as_the_files(read):
         return link_rules.parse_rate(rate, f"{where}.{key}") if rate else None
 
 
-def link_delay(read: Reader, doc: dict, key: str, where: str) -> float | None:
+link_rate = Reads(_link_rate, {"type": _nullable("string"), "description": "a rate, such as 1gbit or 100mbit"})
+
+
+def _link_delay(read: Reader, doc: dict, key: str, where: str) -> float | None:
     delay = doc.get(key)
     if delay is None:
         return None
@@ -147,6 +188,9 @@ def link_delay(read: Reader, doc: dict, key: str, where: str) -> float | None:
         return link_rules.parse_delay(delay, f"{where}.{key}")
 
 
+link_delay = Reads(_link_delay, {"type": _nullable("number"), "minimum": 0, "description": "milliseconds each way"})
+
+
 def package_list(check: Callable[[str, str], str]) -> ReadKey:
     def read_it(read: Reader, doc: dict, key: str, where: str) -> tuple[str, ...]:
         values = doc.get(key) or []
@@ -154,10 +198,10 @@ def package_list(check: Callable[[str, str], str]) -> ReadKey:
             raise read.fail(f"{where}.{key}", f"must be a list of texts, not {shown(values)}")
         with said_as_the_files(read):
             return tuple(check(v, f"{where}.{key}") for v in values)
-    return read_it
+    return Reads(read_it, {"type": _nullable("array"), "items": {"type": "string"}})
 
 
-def tensorflow(read: Reader, doc: dict, key: str, where: str) -> str | None:
+def _tensorflow(read: Reader, doc: dict, key: str, where: str) -> str | None:
     value = read.string(doc, key, where, None)
     if value is not None:
         with said_as_the_files(read, f"{where}.{key}: "):
@@ -165,7 +209,10 @@ def tensorflow(read: Reader, doc: dict, key: str, where: str) -> str | None:
     return value
 
 
-def keras(read: Reader, doc: dict, key: str, where: str) -> int | None:
+tensorflow = Reads(_tensorflow, {"type": _nullable("string"), "description": "a TensorFlow version, such as '2.15.0'"})
+
+
+def _keras(read: Reader, doc: dict, key: str, where: str) -> int | None:
     value = doc.get(key)
     if value is None:
         return None
@@ -173,7 +220,11 @@ def keras(read: Reader, doc: dict, key: str, where: str) -> int | None:
         return check_keras(value, f"{where}.{key}")
 
 
-def placement(read: Reader, doc: dict, key: str, where: str) -> dict[str, str]:
+keras = Reads(_keras, {"enum": [*KERAS_CHOICES, *map(str, KERAS_CHOICES), None],
+                       "description": "2: Keras 2 (tf-keras) on today's TensorFlow; empty: its own Keras"})
+
+
+def _placement(read: Reader, doc: dict, key: str, where: str) -> dict[str, str]:
     place = read.mapping(doc.get(key), f"{where}.{key}")
     for node, host in place.items():
         if not isinstance(host, str) or not host:
@@ -183,7 +234,10 @@ def placement(read: Reader, doc: dict, key: str, where: str) -> dict[str, str]:
     return dict(place)
 
 
-def gpus(read: Reader, doc: dict, key: str, where: str) -> tuple[Gpu, ...]:
+placement = Reads(_placement, {"type": _nullable("object"), "additionalProperties": {"type": "string", "minLength": 1}})
+
+
+def _gpus(read: Reader, doc: dict, key: str, where: str) -> tuple[Gpu, ...]:
     entries = doc.get(key) or []
     if not isinstance(entries, list):
         raise read.fail(key, f"must be a list, not {shown(entries)}")
@@ -200,12 +254,18 @@ def gpus(read: Reader, doc: dict, key: str, where: str) -> tuple[Gpu, ...]:
     return tuple(found)
 
 
+gpus = Reads(_gpus, {"type": _nullable("array"), "items": {
+    "type": "object", "required": ["index"], "additionalProperties": False,
+    "properties": {"index": {"type": "integer", "minimum": 0}, "uuid": {"type": _nullable("string")},
+                   "name": {"type": _nullable("string")}, "memory_mib": {"type": _nullable("integer"), "minimum": 0}}}})
+
+
 def write_gpus(config: LabConfig) -> list[dict[str, Any]]:
     return [{k: v for k, v in (("index", g.index), ("name", g.name), ("memory_mib", g.memory_mib)) if v or k == "index"}
             for g in config.gpus]
 
 
-def host(read: Reader, doc: dict, key: str, where: str) -> HostFacts:
+def _host(read: Reader, doc: dict, key: str, where: str) -> HostFacts:
     """`host:` (absent in labs made before the split: nothing to split then)."""
     facts = read.mapping(doc.get(key), key, ("cpus", "numa", "gpu_numa", "memory_mib"))
 
@@ -230,6 +290,15 @@ def host(read: Reader, doc: dict, key: str, where: str) -> HostFacts:
                      memory_mib=read.integer(facts, "memory_mib", "host", 0, minimum=0) or 0)
 
 
+_CPU_LIST: Json = {"type": _nullable(["string", "integer"]), "description": "a CPU list, such as 0-7,16-23"}
+host = Reads(_host, {"type": _nullable("object"), "additionalProperties": False, "properties": {
+    "cpus": _CPU_LIST,
+    "numa": {"type": _nullable("object"), "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": _CPU_LIST},
+    "gpu_numa": {"type": _nullable("object"), "propertyNames": {"pattern": "^[0-9]+$"},
+                 "additionalProperties": {"type": "integer"}},
+    "memory_mib": {"type": _nullable("integer"), "minimum": 0}}})
+
+
 def write_host(config: LabConfig) -> dict[str, Any]:
     """The host's facts as tflab.yaml keeps them (CPU lists as the kernel writes them)."""
     facts = config.host
@@ -239,8 +308,12 @@ def write_host(config: LabConfig) -> dict[str, Any]:
             "memory_mib": facts.memory_mib}
 
 
-def tasks(read: Reader, doc: dict, key: str, where: str) -> dict[str, Task]:
+def _tasks(read: Reader, doc: dict, key: str, where: str) -> dict[str, Task]:
     return taskfile.parse_tasks(doc.get(key), read.source)
+
+
+tasks = Reads(_tasks, {"type": _nullable("object"), "additionalProperties": taskfile.TASK_SCHEMA,
+                       "propertyNames": {"pattern": TASK_NAME.pattern, "maxLength": 64}})
 
 
 # -- the schema ------------------------------------------------------------------------------------
@@ -298,6 +371,23 @@ PARTS: dict[str, Callable[..., Any]] = {"topology": Topology, "links": Links, "s
                                         "packages": Packages}
 
 
+SCHEMA_FILE = "tflab.schema.json"  # beside tflab.yaml, which names it for an editor (its first line)
+MODELINE = f"# yaml-language-server: $schema={SCHEMA_FILE}"
+
+
+def json_schema() -> Json:
+    """tflab.yaml's JSON Schema, from SCHEMA: what `tflab schema` prints and `gen` writes beside the file."""
+    def section(keys: tuple[Key, ...]) -> Json:
+        return {"type": ["object", "null"], "additionalProperties": False,
+                "properties": {key.name: key.schema for key in keys}}
+
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "tflab.yaml",
+            "description": "A tflab lab: its topology, image, links and tasks (`tflab gen` writes it; `tflab up` reads it)",
+            "type": "object", "additionalProperties": False,
+            "properties": {entry.name: section(entry.keys) if isinstance(entry, Section) else entry.schema
+                           for entry in SCHEMA}}
+
+
 def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
     """Read tflab.yaml's text; anything malformed is a UserError naming its key."""
     doc = load_yaml(text, source)
@@ -335,6 +425,6 @@ def to_yaml(config: LabConfig) -> str:
                 doc[entry.name] = {key.name: key.written(config) for key in entry.keys}
         else:
             doc[entry.name] = entry.written(config)
-    header = ("# tflab lab: edit it, then run `tflab up` again.\n"
+    header = (f"{MODELINE}\n# tflab lab: edit it, then run `tflab up` again.\n"
               "# Task placeholders: " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + "\n")
     return header + yaml.safe_dump(doc, sort_keys=False, width=1000)

@@ -9,6 +9,16 @@ from tflab.plan.config import BATCH, DEFAULT_SERVERS, ROLES, Task, check_task_na
 from tflab.plan.strictyaml import Reader, load_yaml, shown
 
 TASK_KEYS = ("command", "servers", "preload", "progress", "batch")
+# A task as JSON Schema says it (tflab.yaml's schema, labfile.json_schema): a command line, or a mapping of TASK_KEYS.
+TASK_SCHEMA: dict[str, Any] = {"oneOf": [
+    {"type": "string", "minLength": 1, "description": "the command line every node runs"},
+    {"type": "object", "required": ["command"], "additionalProperties": False, "properties": {
+        "command": {"type": "string", "minLength": 1},
+        "servers": {"type": "array", "items": {"enum": list(ROLES)}, "description": "the roles that only serve"},
+        "preload": {"type": "boolean", "default": True},
+        "progress": {"type": "string", "description": "a regular expression of the program's progress line"},
+        "batch": {"type": ["integer", "string"], "description": "examples per step: N, {KNOB}, 'N per worker'"}}},
+]}
 
 
 def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
