@@ -55,7 +55,8 @@ def test_exec_of_a_task_starts_its_ps_trains_and_stops_it(exec_lab: Path, runner
     assert said[0] == f"tflab: train: a fresh session, outputs in {exec_lab / 'runs' / 'train'}"
     assert said[1] == "tflab: ps0 is serving on ps0:2222 (started for this exec)"
     assert said[-2] == "tflab: stopped ps0"
-    assert said[-1].startswith("tflab: worker0's train: ok (exit 0, ") and "steps/s)" in said[-1]
+    assert said[-1].startswith("tflab: worker0's train: ok (exit 0, ") and " steps/s, " in said[-1]
+    assert "accuracy 0.9" in said[-1] or "accuracy 1" in said[-1], "its quality, as a run's summary says it"
     assert task_processes(docker_client, labfiles.open_lab(exec_lab).project) == {}
 
 
