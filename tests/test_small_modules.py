@@ -129,11 +129,27 @@ def test_a_nodes_rate_duration_and_last_signs_of_life() -> None:
 
 def test_the_sentences_a_verdict_says() -> None:
     assert verdicts.how_it_ended(Exited("w", 3, 1.0)) == "exited with 3"
-    assert verdicts.how_it_ended(Exited("w", 137, 1.0, signal="SIGKILL", ended_by="outside")) == \
-        "exited with 137 (killed by SIGKILL from outside tflab)", "the guard's word, said in its one sentence"
-    assert verdicts.how_it_ended(Exited("w", 143, 1.0, "its container stopped", "SIGTERM", "outside")) == \
+    # the guard's word, said in its one sentence where the event is made from the connection's End, for every
+    # sentence that tells of the end: a server's, a worker's failure, run.json's `said`
+    from tflab_guard.protocol import Ending
+
+    from tflab.engine.attached import End
+    from tflab.run.watch import exited_event
+    killed = exited_event("w", 1.0, End(137, None, Ending(137, "SIGKILL", "outside")))
+    assert (killed.reason, killed.signal, killed.ended_by) == ("killed by SIGKILL from outside tflab", "SIGKILL",
+                                                               "outside")
+    assert verdicts.how_it_ended(killed) == "exited with 137 (killed by SIGKILL from outside tflab)"
+    assert verdicts.how_it_ended(exited_event("w", 1.0, End(143, "its container stopped",
+                                                            Ending(143, "SIGTERM", "outside")))) == \
         "exited with 143 (killed by SIGTERM from outside tflab; its container stopped)"
-    assert verdicts.how_it_ended(Exited("w", 3, 1.0, ended_by="exited")) == "exited with 3"
+    assert verdicts.how_it_ended(exited_event("w", 1.0, End(3, None, Ending(3)))) == "exited with 3"
+    from tflab.run.events import Began
+    from tflab.run.machine import RunMachine
+    from tflab.run.runplan import RunPlan
+    machine = RunMachine(RunPlan(servers=(), finishers=("worker0", "w"), chief="worker0"))
+    machine.handle(Began(0.0))
+    assert machine.handle(killed)[-1] == Finish(1, "failed", "w failed with exit code 137 (killed by SIGKILL from "
+                                                             "outside tflab)")
     assert verdicts.how_it_ended(Exited("w", None, 1.0, "its container is gone")) == \
         "ended with no exit code: its container is gone"
     node = NodeRun("worker1", "worker", verdict="failed", exit_code=None, reason="lost")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from tflab_guard import protocol
-from tflab_guard.protocol import Ending
-
 from tflab.run.events import Exited, Finish
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import RunPlan
@@ -16,10 +13,7 @@ def how_it_ended(event: Exited) -> str:
     if event.code is None:
         return f"ended with no exit code: {event.reason or 'unknown'}"
     text = f"exited with {event.code}"
-    said = [event.reason] if event.reason else []
-    if event.ended_by not in (None, protocol.EXITED):  # the guard's word for it, in its one sentence
-        said.insert(0, Ending(event.code, event.signal, event.ended_by).sentence())
-    return f"{text} ({'; '.join(said)})" if said else text
+    return f"{text} ({event.reason})" if event.reason else text  # the guard's sentence first (run/watch.py)
 
 
 def hung_message(plan: RunPlan, node: NodeRun, t: float, chief_ended: float | None) -> str:

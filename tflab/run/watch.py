@@ -13,6 +13,8 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable
 
+from tflab_guard import protocol
+
 from tflab.engine import guardcmd
 from tflab.engine.attached import End
 from tflab.engine.executors import Executor
@@ -21,9 +23,13 @@ from tflab.run.events import Event, Exited, Printed
 
 
 def exited_event(node: str, t: float, end: End) -> Exited:
-    """The Exited event of a process's end as its connection told it (with the guard's record where it came)."""
+    """The Exited event of a process's end as its connection told it (with the guard's record where it came): its
+    reason says it in words, the guard's sentence for an end it did not exit by itself first ('killed by SIGKILL
+    from outside tflab'), then what the connection added ('its container stopped')."""
     ending = end.ending
-    return Exited(node, end.code, t, end.reason, signal=ending.signal if ending else None,
+    said = [ending.sentence()] if ending is not None and ending.reason != protocol.EXITED else []
+    said += [end.reason] if end.reason else []
+    return Exited(node, end.code, t, "; ".join(said) or None, signal=ending.signal if ending else None,
                   ended_by=ending.reason if ending else None)
 
 
