@@ -139,9 +139,11 @@ def execs_of(client, project: str, since: float, until: float) -> list[tuple[str
                                   "label": f"com.docker.compose.project={project}"})
     execs = []
     for event in made:
+        if not since * 1e9 <= event["timeNano"] <= until * 1e9:  # the engine's since/until are whole seconds
+            continue
         command = event["Action"].split(": ", 1)[-1]
         health = (client.containers.get(event["id"]).attrs["Config"].get("Healthcheck") or {}).get("Test") or []
-        if health[:1] == ["CMD"] and command == " ".join(health[1:]):
+        if health[:1] == ["CMD"] and command.split() == " ".join(health[1:]).split():
             continue
         words = command.split()
         verb = words[2] if words[:2] == ["python3", "/usr/local/share/tflab/guard.pyz"] and len(words) > 2 else words[0]
