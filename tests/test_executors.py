@@ -159,3 +159,46 @@ def test_an_older_guard_that_refuses_the_end_line_is_said_once_and_not_attached_
                      daemon=True).start()
     assert done.wait(10)
     assert [(end.code, end.reason) for end in ends] == [(2, OLD_GUARD)] and attached == []
+
+
+def test_a_dropped_reader_takes_the_ending_without_the_rest_of_the_output(tmp_path) -> None:
+    """`tflab exec worker0 -- yes | head -1`: head has its line, so tflab says `drop` (then `stop`). The guard's end
+    line says the node kept far more than came through: nobody will read it, so tflab does not attach again for it
+    (it did, five times, each one a copy of gigabytes of `y`)."""
+    import subprocess
+    import threading
+
+    from tflab_guard.protocol import Ending, StreamEnd
+
+    from tflab.engine.attached import Reattach
+    from tflab.engine.executors import _SshProcess
+
+    end_line = tmp_path / "end"
+    end_line.write_bytes(StreamEnd(Ending(143, "SIGTERM", "stopped"), [10 ** 9, 0]).line())
+    heard = tmp_path / "heard"
+    script = (f"echo y; read first; read second; echo \"$first $second\" > '{heard}'; cat '{end_line}'; "
+              f"cat '{end_line}' >&2; exit 143")
+    attached: list[tuple[int, int]] = []
+
+    def attach(out: int, err: int) -> list[str]:
+        attached.append((out, err))
+        return ["true"]
+
+    child = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    process = _SshProcess(child, lambda argv: subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                               stderr=subprocess.PIPE),
+                          resume=Reattach(attach))
+    ends: list[Ending | None] = []
+    done = threading.Event()
+
+    def head_has_its_line(chunk: bytes, _is_err: bool) -> None:  # as CommandRun does once stdout is closed
+        if chunk == b"y\n":
+            process.drop()
+            process.close()
+
+    threading.Thread(target=process.pump, args=(head_has_its_line, lambda end: (ends.append(end.ending), done.set())),
+                     daemon=True).start()
+    assert done.wait(10)
+    assert heard.read_text() == "drop stop\n", "the guard was told its reader is gone, then to stop"
+    assert ends == [Ending(143, "SIGTERM", "stopped")] and attached == [], "its ending, with no attach for the rest"

@@ -81,6 +81,8 @@ def guard(python: Path, zipapp: Path, state: Path, env: dict[str, str]):
         return subprocess.Popen([str(python), str(zipapp), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=kw.pop("stderr", subprocess.STDOUT), universal_newlines=True, **kw)
 
+    start.argv = [str(python), str(zipapp)]  # type: ignore[attr-defined]
+    start.env = env  # type: ignore[attr-defined]
     return start
 
 
@@ -961,6 +963,41 @@ def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, pyth
         "the node keeps its copy while tflab lacks some of it"
     assert attach_answering(total, f"delivered {total} 0\n")[0] == 7
     assert not list((state / "out").iterdir()), "the kept output goes once tflab says it has all of it"
+    assert not (state / "run:t:worker1.exit").exists(), "and how it ended: tflab has it, and the key's next start " \
+                                                        "must not be answered with it"
+
+
+def test_a_reader_that_is_gone_gets_no_more_output_and_the_ending_at_once(guard, state: Path) -> None:
+    """`tflab exec worker0 -- yes | head -1`: head has its line; `drop` then `stop`. The guard stops following the
+    output the node keeps (gigabytes of `y` by then, a minute through a docker exec) and ends both streams at once."""
+    from tflab_guard.protocol import END_MARK, EndSplitter
+
+    child = subprocess.Popen([*guard.argv, "run", "exec:cmd:worker0:1", "--end-in-stream", "--", "yes"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=guard.env)
+    assert child.stdout.read(2) == b"y\n"
+    time.sleep(1)  # `yes` writes on, into the node's copy
+    child.stdin.write(b"drop\nstop\n")
+    child.stdin.flush()
+    began = time.monotonic()
+    out, err = child.communicate(timeout=30)
+    assert time.monotonic() - began < 10, "the end comes at once, not after the copy"
+    splitter = EndSplitter()
+    splitter.feed(out)
+    assert END_MARK in err and splitter.end is not None, "both streams end with the end line"
+    assert (splitter.end.ending.signal, splitter.end.ending.reason) == ("SIGTERM", "stopped")
+    assert len(out) < splitter.end.kept[0], "what `yes` wrote after the drop was not sent"
+    assert not list((state / "out").iterdir()) and not (state / "exec:cmd:worker0:1.exit").exists(), \
+        "the node forgets what nobody will read"
+
+
+def test_a_probe_of_a_new_start_takes_no_earlier_ending_for_its_own(guard, verb, state: Path) -> None:
+    """Until the new start's guard begins, the node still has the last start's ending (one whose end line never
+    reached tflab): a probe of the new one must wait for its server, not say it ended before serving."""
+    assert guard("run", "run:t:ps0", "--id", "1-a", "--shell", "exit 3").wait(timeout=10) == 3
+    assert verb("probe", "127.0.0.1:9", "--key", "run:t:ps0", "--id", "2-b", "--timeout", "0.5") == 4
+    assert verb("probe", "127.0.0.1:9", "--key", "run:t:ps0", "--id", "1-a", "--timeout", "5") == 3
+    assert guard("run", "run:t:ps0", "--id", "2-b", "--shell", "exit 4").wait(timeout=10) == 4
+    assert verb("probe", "127.0.0.1:9", "--key", "run:t:ps0", "--id", "2-b", "--timeout", "5") == 3
 
 
 def test_a_stop_reaches_only_what_this_nodes_guards_started(guard, verb, python: Path, zipapp: Path, env,

@@ -118,7 +118,7 @@ def _exec_command(side: LabBackend, node: str, argv: list[str], use_tty: bool, v
     """Any command in a node: on this terminal (`docker exec -it`, `ssh -t`), else attached through the guard."""
     if use_tty:
         return proc.interactive(side.interactive(node, argv, via))
-    output = StreamOut(on_broken=lambda: command.interrupt("its output was closed"))
+    output = StreamOut(on_broken=lambda: command.output_closed())
     command = CommandRun(side.executor([node], via), node, argv, output)
     # Like `run`, stop the command in the node on Ctrl-C (a bare `docker exec` would leave it running).
     with stop_signals(command.interrupt):

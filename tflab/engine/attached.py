@@ -59,6 +59,7 @@ class Reattach:
 
 GO = (protocol.GO + "\n").encode()
 STOP = (protocol.STOP + "\n").encode()
+DROP = (protocol.DROP + "\n").encode()
 RENEW = (protocol.RENEW + "\n").encode()
 RESUMES = 5  # attaching again after a broken connection, at most this many times a process
 OLD_GUARD = "this node runs an older tflab guard than this tflab: run `tflab up` to bring the lab's nodes up to date"
@@ -72,6 +73,9 @@ class Attached(Protocol):
 
     def close(self) -> None:
         """Ask the guard to stop the process's group (TERM, then KILL)."""
+
+    def drop(self) -> None:
+        """Its reader is gone (a closed pipe): the guard sends no more of its output, only how it ended."""
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until its output has ended; whether it has."""
@@ -115,6 +119,7 @@ class GuardedProcess:
         self.offsets = [0, 0]  # bytes of stdout and stderr read so far
         self.err_tail = b""  # the last bytes of stderr: an older guard's refusal of what it was asked
         self.resumed = 0
+        self.dropping = False  # its reader is gone: the rest of its output is not wanted
 
     def _say(self, line: bytes, last: bool = False) -> None:
         with self._lock:
@@ -131,6 +136,10 @@ class GuardedProcess:
     def close(self) -> None:
         self.closing = True
         self._say(STOP, last=True)
+
+    def drop(self) -> None:
+        self.dropping = True
+        self._say(DROP)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.ended.wait(timeout)
@@ -151,7 +160,7 @@ class GuardedProcess:
                     end = End(told.ending.code, None, told.ending)
                     if told.ending.reason == protocol.OUTSIDE and self._container_stopped():
                         end = End(told.ending.code, "its container stopped", told.ending)
-                    if told.kept == self.offsets or self.resume is None or self.resumed >= RESUMES:
+                    if told.kept == self.offsets or self.dropping or self.resume is None or self.resumed >= RESUMES:
                         break
                     again: str | None = "its output ended before all of it came through"
                 else:
@@ -225,6 +234,8 @@ class GuardedProcess:
                 pass
             try:
                 self._restart(self.resume.argv(*self.offsets))
+                if self.dropping:
+                    self._write(DROP, False)  # the new connection's guard wants to know it too
             except Exception as exc:  # noqa: BLE001 - the node itself is gone: the reason stands
                 log.info("could not attach again: %s", exc)
                 return False

@@ -35,16 +35,17 @@ def lease(task: str) -> str:
 
 
 def run_line(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
-             grace_s: float = STOP_GRACE_S) -> list[str]:
+             grace_s: float = STOP_GRACE_S, start_id: str | None = None) -> list[str]:
     """The guard's command line that runs the shell line `command` as its own child, attached to tflab
     (stopped by `stop`, or when tflab's lease lapses); `held` waits for `go`. Its streams end with the guard's
     end line (engine/attached.py reads it).
 
     `warm` hands a Python program to the node's standby interpreter (TensorFlow imported
-    already) when there is one; `preload` imports TensorFlow while held when there is not.
+    already) when there is one; `preload` imports TensorFlow while held when there is not. `start_id` names
+    this start, for a probe of it (`await_serving`): an earlier start's ending is not this one's.
     """
     return Call("run", key, wait_for_go=held, preload=preload, warm=warm, grace=float(grace_s), end_in_stream=True,
-                shell=command).argv()
+                id=start_id, shell=command).argv()
 
 
 def run_argv(key: str, argv: list[str], grace_s: float = STOP_GRACE_S) -> list[str]:
@@ -93,11 +94,12 @@ def has_holders(lease_name: str) -> list[str]:
 
 
 def probe(node: str, key: str | None, timeout_s: float, quiet_s: float | None = None,
-          while_busy: bool = False) -> list[str]:
-    """Exit 0 once node:2222 accepts connections; 3 when `key`'s process ended first; 4 on timeout; with
+          while_busy: bool = False, start_id: str | None = None) -> list[str]:
+    """Exit 0 once node:2222 accepts connections; 3 when `key`'s process (its start `start_id`) ended first; 4 on
+    timeout; with
     `quiet_s`, 5 at the timeout when `key`'s processes used the CPU in the last `quiet_s` (busy starting);
     `while_busy`: 4 as soon as they used none for `quiet_s`."""
-    return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key,
+    return Call("probe", f"{node}:{GRPC_PORT}", timeout=float(timeout_s), key=key, id=start_id,
                 quiet=None if quiet_s is None else float(quiet_s), while_busy=while_busy).argv()
 
 
@@ -138,21 +140,24 @@ class ServeWait:
 
 
 def await_serving(executor: Executor, node: str, key: str | None, timeout_s: float,
-                  on_busy: Callable[[str], None], quiet_s: float = protocol.SERVE_QUIET_S) -> ServeWait:
+                  on_busy: Callable[[str], None], quiet_s: float = protocol.SERVE_QUIET_S,
+                  start_id: str | None = None) -> ServeWait:
     """Wait for `node`'s server (`key`'s process) to accept on its port, `timeout_s`, and past it for as long
     as its processes use the CPU: a server in a node held to a sliver of a CPU takes minutes to import
     TensorFlow, and a cluster's workers wait for it as long as that takes (a `--timeout` of the run still
     ends the wait). Once, when it is past `timeout_s` and busy, `on_busy` gets a sentence saying so.
-    Without a `key` (another terminal's server) its processes are not known: `timeout_s` is the wait."""
+    Without a `key` (another terminal's server) its processes are not known: `timeout_s` is the wait. With
+    `start_id` (run_line's), only that start's ending is an end: the node may still hold an earlier one's record
+    until the new start's guard begins."""
     began = time.monotonic()
-    code, out = executor.run(node, probe(node, key, timeout_s, quiet_s if key else None))
+    code, out = executor.run(node, probe(node, key, timeout_s, quiet_s if key else None, start_id=start_id))
     said = False
     while code == protocol.PROBE_BUSY:
         if not said:
             on_busy(f"{node} has not served on port {GRPC_PORT} within {timeout_s:g}s, but it is busy starting "
                     f"({protocol.read_busy(out):.1f} CPU-s in that time): waiting while it uses the CPU")
             said = True
-        code, out = executor.run(node, probe(node, key, BUSY_PROBE_S, quiet_s, while_busy=True))
+        code, out = executor.run(node, probe(node, key, BUSY_PROBE_S, quiet_s, while_busy=True, start_id=start_id))
     if code == protocol.PROBE_SERVING:
         return ServeWait(ServeOutcome.SERVING)
     if code == protocol.PROBE_ENDED:

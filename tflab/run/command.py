@@ -32,6 +32,13 @@ class CommandRun:
         self.on_output = on_output
         self.clock = clock
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.dropped = False
+
+    def output_closed(self) -> None:
+        """Its reader is gone (`| head -1`): the command is stopped, as a closed pipe ends a program, and the rest of
+        its output is not sent (a `yes` writes more in a second than a stream carries in a minute)."""
+        self.dropped = True
+        self.interrupt("its output was closed")
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
         """Stop the command in the node (safe in a signal handler); `force` kills it at once."""
@@ -54,6 +61,8 @@ class CommandRun:
         def carry_out(actions: list[Action]) -> None:
             for action in actions:  # its start is the process started above
                 if isinstance(action, Stop):
+                    if self.dropped:
+                        process.drop()
                     process.close()  # the guard stops the command's process group: TERM, then KILL
 
         carry_out(first)

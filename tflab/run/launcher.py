@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -212,8 +213,10 @@ class Launcher:
 
     def _start(self, name: str, held: bool, attempt: int) -> None:
         key = guardcmd.run_key(self.setup.task, name)
+        start_id = f"{attempt}-{uuid.uuid4().hex[:8]}"  # the probe of a server counts this start's ending only
         argv = guardcmd.run_line(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
-                         warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s)
+                                 warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s,
+                                 start_id=start_id)
         handle = self.logs.get(name)
         if handle is None:
             handle = self.logs[name] = (self.setup.log_dir / f"{name}.log").open("ab")
@@ -238,7 +241,7 @@ class Launcher:
             self.events.put(Exited(name, None, self.clock(), str(exc)))
             return
         if name in self.plan.servers:
-            background(self._probe, name, key, name=f"probe-{name}")
+            background(self._probe, name, key, start_id, name=f"probe-{name}")
 
     def _stepped(self, name: str, t: float) -> None:
         """A node's progress reading at `t`: the run's first step is a finisher's first."""
@@ -301,11 +304,12 @@ class Launcher:
         for sentence in self.stall.said:
             self._say(sentence)
 
-    def _probe(self, name: str, key: str) -> None:
+    def _probe(self, name: str, key: str, start_id: str) -> None:
         """Wait for a server to serve (guardcmd.await_serving): Serving, or NotServing saying why not; a server
         that ended first says so itself (Exited)."""
         try:
-            waited = guardcmd.await_serving(self.executor, name, key, self.plan.ready_timeout_s, self._say)
+            waited = guardcmd.await_serving(self.executor, name, key, self.plan.ready_timeout_s, self._say,
+                                            start_id=start_id)
         except TflabError as exc:
             self.events.put(NotServing(name, self.clock(), f"{name} could not be asked whether it serves: {exc}"))
             return

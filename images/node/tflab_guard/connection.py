@@ -9,12 +9,12 @@ import sys
 import threading
 
 from tflab_guard import leases
-from tflab_guard.protocol import DELIVERED, GO, RENEW, STOP
+from tflab_guard.protocol import DELIVERED, DROP, GO, RENEW, STOP
 
 
 class Connection(threading.Thread):
     """Reads tflab's words: `go` releases, `stop` asks to stop, `renew` renews (lease, holder), `delivered OUT ERR`
-    answers the end lines (what tflab read)."""
+    answers the end lines (what tflab read), `drop`: tflab wants no more of the output (its reader is gone)."""
 
     def __init__(self, lease=None, holder=None):
         super().__init__(daemon=True, name="tflab-connection")
@@ -25,6 +25,7 @@ class Connection(threading.Thread):
         self.closed = threading.Event()
         self.answered = threading.Event()  # a `delivered` came, or the connection ended
         self.delivered = None  # [OUT, ERR] of the `delivered` word
+        self.dropped = threading.Event()
         if lease is not None:
             leases.renew(lease, holder)  # held from the start: the first renewal is a second away
 
@@ -36,6 +37,8 @@ class Connection(threading.Thread):
                     leases.renew(self.lease, self.holder)
                 elif word == GO:
                     self.released.set()
+                elif word == DROP:
+                    self.dropped.set()
                 elif word == STOP:
                     self.stop_asked.set()
                     self.released.set()

@@ -9,7 +9,8 @@ from tflab_guard.protocol import PROBE_BUSY, PROBE_ENDED, PROBE_SERVING, PROBE_T
 
 def probe(args):
     """PROBE_SERVING once HOST:PORT accepts (name resolution retried: a swarm service resolves once its task
-    runs), PROBE_ENDED when KEY's process ended first; at --timeout, PROBE_TIMEOUT, or with --quiet,
+    runs), PROBE_ENDED when KEY's process ended first (with --id, that start's: an earlier one's record stays
+    until the new start's guard begins); at --timeout, PROBE_TIMEOUT, or with --quiet,
     PROBE_BUSY when KEY's processes (or the standby its program waits for) used the CPU in the last --quiet
     seconds, printed as `busy SECONDS` (the CPU time they used in this probe). With --while-busy, the probe
     answers PROBE_TIMEOUT as soon as they used no CPU for --quiet seconds (stuck), and PROBE_BUSY at --timeout.
@@ -21,7 +22,7 @@ def probe(args):
         watched = busy.Progress(args.quiet if args.while_busy else min(args.quiet, args.timeout), every_s=1.0)
     stalled, pause = False, 0.05
     while True:
-        if args.key and registry.ended(args.key):
+        if args.key and registry.ended_start(args.key, args.id):
             return PROBE_ENDED
         try:
             socket.create_connection((host, int(port)), timeout=1).close()

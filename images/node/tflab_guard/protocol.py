@@ -16,7 +16,7 @@ import json
 import os
 import signal
 
-VERSION = 4  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
+VERSION = 5  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
 GUARD_PATH = "/usr/local/share/tflab/guard.pyz"
 GUARD = ["python3", GUARD_PATH]
 PROG = "tflab-guard"
@@ -26,6 +26,7 @@ GO = "go"          # release a held process
 STOP = "stop"      # stop the process (its group: SIGTERM, then SIGKILL after the grace)
 RENEW = "renew"    # tflab is still there: the lease is renewed
 DELIVERED = "delivered"  # `delivered OUT ERR`: tflab read that many bytes of stdout and stderr (after the end line)
+DROP = "drop"      # tflab's reader is gone (a closed pipe): send no more output; the end line comes at once
 
 STOP_GRACE_S = 3.0   # between SIGTERM and SIGKILL, for servers and workers alike
 RENEW_EVERY_S = 1.0  # how often tflab renews a lease
@@ -320,6 +321,7 @@ def parser():
     _owned(p)
     p.add_argument("--wait-for-go", action="store_true", help="start it once tflab says go")
     p.add_argument("--preload", action="store_true")
+    p.add_argument("--id", help="this start's own word: a probe given it counts this start's ending, no earlier one")
     _ends_in_stream(p)
     p = verbs.add_parser("serve", help="a server shared by tflab's execs")
     _owned(p)
@@ -342,6 +344,7 @@ def parser():
     p = verbs.add_parser("probe")
     p.add_argument("address")
     p.add_argument("--key")
+    p.add_argument("--id", help="with --key: the start whose ending counts (an earlier one's is not this server's)")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--quiet", type=float, help="at the timeout, busy (5) when KEY's processes used the CPU "
                                                "in the last QUIET seconds")

@@ -89,11 +89,37 @@ def _write_atomically(path, text):
     os.replace(tmp, path)
 
 
-def begin(key):
-    """A new process of KEY is started by this guard: the last one's records go, this guard is recorded."""
-    for path in (exit_path(key), stop_path(key)) + out_paths(key):
-        unlink(path)
+def begin(key, start_id=None):
+    """A new process of KEY is started by this guard: the last one's records go, this guard is recorded (with
+    the start's own word, where tflab gave one: a probe that has it counts no earlier ending)."""
+    forget(key)
+    if start_id is not None:
+        _write_atomically(id_path(key), start_id + "\n")
     _write_atomically(guard_path(key), "%d %s\n" % (os.getpid(), start_time(os.getpid())))
+
+
+def forget(key):
+    """KEY's records of how it ended and what it printed gone: tflab has them, or a new start of KEY begins."""
+    for path in (exit_path(key), stop_path(key), id_path(key)) + out_paths(key):
+        unlink(path)
+
+
+def id_path(key):
+    return state_path(key + ".id")
+
+
+def ended_start(key, start_id):
+    """Whether KEY's process has ended: with `start_id`, only that start's ending counts (until the new start
+    begins, the last one's record is still there)."""
+    if not ended(key):
+        return False
+    if start_id is None:
+        return True
+    try:
+        with open(id_path(key)) as handle:
+            return handle.read().strip() == start_id
+    except OSError:
+        return False
 
 
 def write_pid(key, pgid):

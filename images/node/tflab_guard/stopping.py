@@ -61,5 +61,4 @@ def stop_keys(patterns, grace, force=False, forget=False):
         # the new server for one that ended before serving).
         with registry.locked():
             for key, _ in registry.matching(patterns, suffix=".exit"):
-                for path in (registry.exit_path(key), registry.stop_path(key)) + registry.out_paths(key):
-                    registry.unlink(path)
+                registry.forget(key)

@@ -32,21 +32,23 @@ OWNER_GONE_S = 2.0  # a warm program gone with no word from its owner for this l
 
 class Follower(threading.Thread):
     """Copies a growing file to a stream from an offset; once `done` is set, to the file's end, then stops.
-    A stream that breaks (tflab's connection) only ends the copy: the file keeps the rest."""
+    A stream that breaks (tflab's connection) only ends the copy: the file keeps the rest. Once `dropped` is
+    set (tflab's reader is gone: `yes | head -1`), it stops copying at once."""
 
-    def __init__(self, path, stream, offset=0):
+    def __init__(self, path, stream, offset=0, dropped=None):
         super().__init__(daemon=True, name="follow")
         self.path = path
         self.stream = stream
         self.offset = offset
         self.done = threading.Event()
+        self.dropped = dropped or threading.Event()
         self.lost = False
 
     def run(self):
         handle = None
         idle = 0.01
         try:
-            while True:
+            while not self.dropped.is_set():
                 finished = self.done.is_set()
                 if handle is None:
                     try:
@@ -77,9 +79,10 @@ class Follower(threading.Thread):
                 handle.close()
 
 
-def follow(key, out_offset=0, err_offset=0):
+def follow(key, out_offset=0, err_offset=0, dropped=None):
     out_path, err_path = registry.out_paths(key)
-    followers = [Follower(out_path, sys.stdout.buffer, out_offset), Follower(err_path, sys.stderr.buffer, err_offset)]
+    followers = [Follower(out_path, sys.stdout.buffer, out_offset, dropped),
+                 Follower(err_path, sys.stderr.buffer, err_offset, dropped)]
     for follower in followers:
         follower.start()
     return followers
@@ -214,14 +217,14 @@ def run(args):
     if registry.read_pid(key) is not None or registry.read_guard(key) is not None:
         # an earlier process of this key still there (its tflab gone, its lease not yet lapsed): it goes first
         stopping.stop_keys([key], 0, force=True)
-    registry.begin(key)
+    registry.begin(key, args.id)
     plan = commands.plan_command(args.shell, args.argv)
     env = plan.environment(os.environ)
     lease = args.lease or key
     connection = Connection(lease, key)
     connection.start()
     out, err = _open_outputs(key)
-    followers = follow(key)
+    followers = follow(key, dropped=connection.dropped)
     refusal = commands.missing(plan, env)
     if refusal is not None:  # said in its output, as a shell says `command not found`
         code = refuse(key, refusal, lambda sentence: err.write((sentence + "\n").encode()))
@@ -295,7 +298,9 @@ def _end_output(args, key, ending, handles, followers, connection):
 
 def tell_end(key, ending, connection):
     """The end line on stdout and on stderr (after all of the output: protocol.StreamEnd); once tflab answers that
-    it read all the node kept of both, the kept output is forgotten (else `attach` reads it again)."""
+    it read all the node kept of both, or said it wants no more (`drop`), the process's records are forgotten:
+    its output, and how it ended, which tflab now has (else `attach` reads them again, and a probe of the key's
+    next start would take this ending for that one's)."""
     paths = registry.out_paths(key)
     kept = [_size(path) for path in paths]
     line = StreamEnd(ending, kept).line()
@@ -305,9 +310,8 @@ def tell_end(key, ending, connection):
             stream.flush()
         except (OSError, ValueError):
             return  # the connection is gone: an `attach` tells it again
-    if connection.answered.wait(DELIVERED_WAIT_S) and connection.delivered == kept:
-        for path in paths:
-            registry.unlink(path)
+    if connection.dropped.is_set() or (connection.answered.wait(DELIVERED_WAIT_S) and connection.delivered == kept):
+        registry.forget(key)
 
 
 def program(args):
@@ -393,7 +397,7 @@ def attach(args):
     if registry.read_exit(key) is None and registry.read_guard(key) is None and registry.read_pid(key) is None:
         say("tflab: no process %s in this node" % key)
         return 255
-    followers = follow(key, args.out, args.err)
+    followers = follow(key, args.out, args.err, connection.dropped)
     stopper = Stopper(key, STOP_GRACE_S)
     lost_since = None
     while True:
