@@ -12,9 +12,9 @@ from tflab.engine import guardcmd
 # Each request the host can build, and what the guard must read in it.
 REQUESTS = {
     "run": (guardcmd.run_line("run:train:worker1", "python a.py --x=1", held=True, preload=True, warm=True,
-                              grace_s=2.5),
+                              grace_s=2.5, start_id="2-ab12cd34"),
             dict(verb="run", key="run:train:worker1", wait_for_go=True, preload=True, warm=True, grace=2.5,
-                 end_in_stream=True, shell="python a.py --x=1", argv=[], lease=None)),
+                 end_in_stream=True, shell="python a.py --x=1", argv=[], lease=None, id="2-ab12cd34")),
     "run words": (guardcmd.run_argv("exec:cmd:worker0:42", ["ls", "-l", "--", "x y"]),
                   dict(verb="run", key="exec:cmd:worker0:42", end_in_stream=True, shell=None,
                        argv=["ls", "-l", "--", "x y"], wait_for_go=False)),
@@ -29,8 +29,9 @@ REQUESTS = {
     "warm": (guardcmd.warm(), dict(verb="warm")),
     "hold": (guardcmd.hold("exec:train", "1234"), dict(verb="hold", lease="exec:train", holder="1234")),
     "holders": (guardcmd.has_holders("exec:train"), dict(verb="holders", lease="exec:train")),
-    "probe": (guardcmd.probe("ps0", "run:train:ps0", 120.0, 15.0, while_busy=True),
-              dict(verb="probe", address="ps0:2222", key="run:train:ps0", timeout=120.0, quiet=15.0, while_busy=True)),
+    "probe": (guardcmd.probe("ps0", "run:train:ps0", 120.0, 15.0, while_busy=True, start_id="2-ab12cd34"),
+              dict(verb="probe", address="ps0:2222", key="run:train:ps0", timeout=120.0, quiet=15.0, while_busy=True,
+                   id="2-ab12cd34")),
     "alive": (guardcmd.alive("serve:train:ps0"), dict(verb="alive", key="serve:train:ps0")),
     "ended": (guardcmd.ended("run:train:ps0"), dict(verb="ended", key="run:train:ps0")),
     "metrics": (guardcmd.metrics(2.0), dict(verb="metrics", every=2.0, count=0)),
