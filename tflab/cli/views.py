@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from rich.table import Table
 from rich.text import Text
+from tflab_guard import protocol
 
 from tflab.engine.backend import NodeState
 from tflab.plan import shares
@@ -231,7 +232,8 @@ def ending_text(report: RunReport) -> str:
     said = []
     for name, row in report.nodes.items():
         if row.verdict in (Verdict.FAILED, Verdict.OOM) and row.signal:
-            said.append(f"{name} {row.signal}" + (" from outside tflab" if row.reason == "outside" else ""))
+            outside = row.reason == protocol.RECORD_REASONS[protocol.OUTSIDE]  # run.json's word for the guard's
+            said.append(f"{name} {row.signal}" + (" from outside tflab" if outside else ""))
     return f" ({', '.join(said)})" if said else ""
 
 
