@@ -95,3 +95,25 @@ def test_the_replies_the_guard_writes_are_read_by_the_host() -> None:
     assert protocol.read_busy("") == 0.0
     assert protocol.HOLDING == "holding"  # a lease's holder's word once held (exec_session waits for it)
     assert (protocol.WARM_READY, protocol.WARM_MAKING, protocol.WARM_NONE) == (0, 1, 2)
+
+
+def test_a_metrics_line_the_guard_prints_is_the_sample_the_host_reads() -> None:
+    """The metrics snapshot both ways: the guard's own `metrics` (here, on this host's cgroup) prints protocol.Sample
+    lines; the host parses them to the same Sample and makes figures of two. A line that is not one is refused."""
+    import subprocess
+    import sys
+
+    from tflab.engine.metrics import figures
+
+    printed = subprocess.run([sys.executable, "-m", "tflab_guard", "metrics", "--count", "2", "--every", "0.3"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    before, now = (protocol.Sample.parse(line) for line in printed)
+    assert before is not None and now is not None and now.t > before.t
+    assert protocol.Sample.parse(now.line()) == now and now.line() == printed[1]
+    found = figures("worker0", before, now, host_cpus=2)
+    assert found.cpu_used is not None and found.cpu_used >= 0 and found.memory_mb and found.memory_mb > 0
+    gpus = protocol.Sample(t=2.0, cpu_ns=3 * 10 ** 9, gpus=[[4, 50.0, 1000.0, 80000.0]])
+    assert figures("w", protocol.Sample(t=1.0, cpu_ns=10 ** 9), gpus, host_cpus=8).gpus[0].util == 50.0
+    for wrong in ('{"cpu_ns": 1}', '{"t": "now"}', '{"t": 1, "mem": "lots"}', '{"t": 1, "gpus": [[0, 1]]}', "[1]",
+                  "Traceback (most recent call last):", '{"t": true}'):
+        assert protocol.Sample.parse(wrong) is None, wrong

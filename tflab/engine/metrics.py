@@ -9,12 +9,13 @@ often a task waited for a CPU (/proc/pressure/cpu).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tflab_guard.protocol import Sample
 
 from tflab.engine import guardcmd
 from tflab.engine.executors import Attached, Executor
@@ -81,37 +82,37 @@ class NodeFigures:
         }
 
 
-def figures(node: str, before: Mapping[str, Any], now: Mapping[str, Any], host_cpus: int,
-            gpu_indices: Sequence[int] = ()) -> NodeFigures:
-    """A node's figures from two samples of its metrics process (pure)."""
-    elapsed = float(now["t"]) - float(before["t"])
+def figures(node: str, before: Sample, now: Sample, host_cpus: int, gpu_indices: Sequence[int] = ()) -> NodeFigures:
+    """A node's figures from two readings of its metrics process (pure)."""
+    elapsed = float(now.t) - float(before.t)
     if elapsed <= 0:
         elapsed = 1e-9
 
-    def delta(key: str) -> float | None:
-        if now.get(key) is None or before.get(key) is None:
+    def delta(field: str) -> float | None:
+        later, earlier = getattr(now, field), getattr(before, field)
+        if later is None or earlier is None:
             return None
-        return max(0.0, float(now[key]) - float(before[key]))
+        return max(0.0, float(later) - float(earlier))
 
     cpu_ns, periods, throttled = delta("cpu_ns"), delta("periods"), delta("throttled")
     rx, tx = delta("rx"), delta("tx")
-    owned: float | None = now.get("quota") or None
-    if owned is None and now.get("cpuset") and now["cpuset"] < host_cpus:
-        owned = float(now["cpuset"])
+    owned: float | None = now.quota or None
+    if owned is None and now.cpuset and now.cpuset < host_cpus:
+        owned = float(now.cpuset)
     gpus = tuple(
         GpuFigures(gpu_indices[i] if i < len(gpu_indices) else int(idx), util, used, total)
-        for i, (idx, util, used, total) in enumerate(now.get("gpus") or ())
+        for i, (idx, util, used, total) in enumerate(now.gpus or ())
     )
     return NodeFigures(
-        node=node, t=float(now["t"]),
+        node=node, t=float(now.t),
         cpu_used=None if cpu_ns is None else cpu_ns / 1e9 / elapsed,
         cpu_owned=owned if owned is not None else (float(host_cpus) if host_cpus else None),
         throttled=(throttled / periods) if periods and throttled is not None else (0.0 if periods == 0 and owned else None),
-        memory_mb=None if now.get("mem") is None else now["mem"] / 2**20,
-        memory_limit_mb=None if now.get("mem_limit") is None else now["mem_limit"] / 2**20,
+        memory_mb=None if now.mem is None else now.mem / 2**20,
+        memory_limit_mb=None if now.mem_limit is None else now.mem_limit / 2**20,
         rx_mbit=None if rx is None else rx * 8 / elapsed / 1e6,
         tx_mbit=None if tx is None else tx * 8 / elapsed / 1e6,
-        gpus=gpus, oom_kills=now.get("oom"),
+        gpus=gpus, oom_kills=now.oom,
     )
 
 
@@ -143,7 +144,7 @@ class ClusterSampler:
         self.gpu_indices = dict(gpu_indices or {})
         self.every_s = every_s
         self.on_snapshot = on_snapshot
-        self.samples: dict[str, list[dict[str, Any]]] = {n: [] for n in self.nodes}
+        self.samples: dict[str, list[Sample]] = {n: [] for n in self.nodes}
         self.latest: dict[str, NodeFigures] = {}
         self.processes: dict[str, Attached] = {}
         self.lock = threading.Lock()
@@ -172,11 +173,8 @@ class ClusterSampler:
         return self
 
     def _sample(self, node: str, line: str) -> None:
-        try:
-            sample = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(sample, dict) or "t" not in sample:
+        sample = Sample.parse(line)
+        if sample is None:
             return
         with self.lock:
             kept = self.samples[node]

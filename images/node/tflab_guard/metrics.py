@@ -5,13 +5,13 @@ small files a second and stops when tflab's connection ends (or says stop). Coun
 cumulative; tflab turns two of them into rates.
 """
 
-import json
 import os
 import subprocess
 import threading
 import time
 
 from tflab_guard import connection
+from tflab_guard.protocol import Sample
 
 CGROUP = os.environ.get("TFLAB_CGROUP_ROOT", "/sys/fs/cgroup")  # tests point it elsewhere
 UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
@@ -128,12 +128,9 @@ def gpu_sample():
 
 
 def sample(with_gpus):
-    found = cgroup_sample()
-    found["rx"], found["tx"] = net_sample()
-    found["t"] = time.time()
-    if with_gpus:
-        found["gpus"] = gpu_sample()
-    return found
+    """The node's reading now (protocol.Sample)."""
+    rx, tx = net_sample()
+    return Sample(t=time.time(), rx=rx, tx=tx, gpus=gpu_sample() if with_gpus else None, **cgroup_sample())
 
 
 def metrics(args):
@@ -148,7 +145,7 @@ def metrics(args):
     with_gpus = os.environ.get("TFLAB_NUM_GPUS", "0") not in ("", "0")
     while True:
         try:
-            print(json.dumps(sample(with_gpus)), flush=True)
+            print(sample(with_gpus).line(), flush=True)
         except (OSError, ValueError):
             return 0  # nobody reads any more
         if args.count and args.count > 0:

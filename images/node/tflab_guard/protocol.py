@@ -165,6 +165,59 @@ class Ending(object):
         return "Ending(%r, %r, %r)" % (self.code, self.signal, self.reason)
 
 
+class Sample(object):
+    """One reading of a node's use, a line of `metrics` (JSON): its cgroup's counters and limits, its network's byte
+    counters, its GPUs. The counters are cumulative: tflab makes rates of two readings (engine/metrics.figures)."""
+
+    FIELDS = ("t", "cpu_ns", "periods", "throttled", "quota", "cpuset", "mem", "mem_limit", "oom", "rx", "tx", "gpus")
+
+    def __init__(self, t, cpu_ns=None, periods=None, throttled=None, quota=None, cpuset=None, mem=None,
+                 mem_limit=None, oom=None, rx=None, tx=None, gpus=None):
+        self.t = t                  # wall time of the reading
+        self.cpu_ns = cpu_ns        # CPU time its cgroup used, in ns
+        self.periods = periods      # CFS quota periods so far,
+        self.throttled = throttled  # and those it was held back in
+        self.quota = quota          # its CFS quota in CPUs, or None
+        self.cpuset = cpuset        # how many CPUs it may run on
+        self.mem = mem              # bytes of memory used (less inactive file pages)
+        self.mem_limit = mem_limit  # its memory limit in bytes, or None
+        self.oom = oom              # the kernel's OOM kills in its cgroup
+        self.rx = rx                # bytes received and sent on its interfaces (not loopback, not tflab's ifb
+        self.tx = tx                # devices, which carry what eth0 received once more)
+        self.gpus = gpus            # [index, use %, memory MB, total MB] of each GPU it sees; None without
+
+    def line(self):
+        return json.dumps(dict((name, getattr(self, name)) for name in self.FIELDS), sort_keys=True)
+
+    @classmethod
+    def parse(cls, line):
+        """The Sample of a `metrics` line, or None for anything else (a number where a number goes, or null)."""
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not _number(data.get("t")):
+            return None
+        values = dict((name, data.get(name)) for name in cls.FIELDS)
+        if not all(values[name] is None or _number(values[name]) for name in cls.FIELDS[1:-1]):
+            return None
+        gpus = values["gpus"]
+        if gpus is not None and not (isinstance(gpus, list) and all(
+                isinstance(gpu, list) and len(gpu) == 4 and all(_number(x) for x in gpu) for gpu in gpus)):
+            return None
+        return cls(**values)
+
+    def __eq__(self, other):
+        return isinstance(other, Sample) and self.line() == other.line()
+
+    def __repr__(self):
+        return "Sample(%s)" % self.line()
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 # The end line (asked for with `--end-in-stream`): the last line of each of a process's two streams, after all of
 # its output, saying how it ended and how many bytes of each stream the node kept. It begins with a NUL, which no
 # program's text has, so it is found whatever came before it (a last line with no newline); tflab answers it with
