@@ -117,3 +117,17 @@ def test_a_metrics_line_the_guard_prints_is_the_sample_the_host_reads() -> None:
     for wrong in ('{"cpu_ns": 1}', '{"t": "now"}', '{"t": 1, "mem": "lots"}', '{"t": 1, "gpus": [[0, 1]]}', "[1]",
                   "Traceback (most recent call last):", '{"t": true}'):
         assert protocol.Sample.parse(wrong) is None, wrong
+
+
+def test_the_standbys_handover_reads_back_as_it_was_written() -> None:
+    """The standby's words on its own socket (a guard's program handed over, its pid answered) are the protocol's:
+    what one side writes, the other reads, and a message that is not one is refused, not half read."""
+    handover = protocol.Handover("run:train:worker0", ["python", "a.py", "--x=1"], {"TF_CONFIG": "{}"}, "/workspace",
+                                 2.5)
+    again = protocol.Handover.parse(handover.message())
+    assert again is not None and (again.key, again.argv, again.env, again.cwd, again.grace) == \
+        ("run:train:worker0", ["python", "a.py", "--x=1"], {"TF_CONFIG": "{}"}, "/workspace", 2.5)
+    assert protocol.Handover.read_started(protocol.Handover.started(4242).decode()) == 4242
+    for wrong in (b"{}", b"not json", b'{"key": "k", "argv": [], "env": {}, "cwd": "/"}', b'["k"]'):
+        assert protocol.Handover.parse(wrong) is None, wrong
+    assert protocol.Handover.read_started("") is None and protocol.Handover.read_started('{"pid": true}') is None

@@ -165,6 +165,48 @@ class Ending(object):
         return "Ending(%r, %r, %r)" % (self.code, self.signal, self.reason)
 
 
+# The standby's own words, on its unix socket (standby.py): it says TAKEN to the one guard whose claim it took; that
+# guard hands it a program (a Handover, its three descriptors beside it), and it answers with the program's pid.
+STANDBY_TAKEN = b"taken\n"
+
+
+class Handover(object):
+    """A `--warm` guard's program for the node's standby: its key, words, environment, folder and stop grace."""
+
+    def __init__(self, key, argv, env, cwd, grace=STOP_GRACE_S):
+        self.key, self.argv, self.env, self.cwd, self.grace = key, list(argv), dict(env), cwd, float(grace)
+
+    def message(self):
+        return json.dumps({"key": self.key, "argv": self.argv, "env": self.env, "cwd": self.cwd,
+                           "grace": self.grace}, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, message):
+        """The Handover of a message, or None for anything else."""
+        try:
+            data = json.loads(message.decode())
+            handover = cls(data["key"], data["argv"], data["env"], data["cwd"], data.get("grace", STOP_GRACE_S))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if not (handover.argv and all(isinstance(word, str) for word in handover.argv)):
+            return None
+        return handover
+
+    @staticmethod
+    def started(pid):
+        """The standby's answer: the program runs, with this pid."""
+        return (json.dumps({"pid": pid}) + "\n").encode()
+
+    @staticmethod
+    def read_started(line):
+        """The pid in the standby's answer, or None (it died as it took the program)."""
+        try:
+            pid = json.loads(line)["pid"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
 class Sample(object):
     """One reading of a node's use, a line of `metrics` (JSON): its cgroup's counters and limits, its network's byte
     counters, its GPUs. The counters are cumulative: tflab makes rates of two readings (engine/metrics.figures)."""

@@ -14,7 +14,6 @@ are taken one by one (a lock around a claim).
 
 import array
 import gc
-import json
 import os
 import random
 import signal
@@ -26,11 +25,11 @@ import threading
 import time
 
 from tflab_guard import busy, commands, groups, memory, proctitle, registry
-from tflab_guard.protocol import GUARD, GUARD_PATH, STOP_GRACE_S, WARM_MAKING, WARM_NONE, WARM_READY
+from tflab_guard.protocol import (GUARD, GUARD_PATH, STANDBY_TAKEN, WARM_MAKING, WARM_NONE, WARM_READY,
+                                  Handover)
 
 KEY = "standby"
 HEADER = struct.Struct("!I")
-TAKEN = b"taken\n"
 
 
 def socket_path():
@@ -201,14 +200,14 @@ def own_claim(connection):
     """In a claim's child: take the program, fork it, wait on it and record its end (this child is its owner)."""
     connection.settimeout(None)
     try:
-        connection.sendall(TAKEN)
+        connection.sendall(STANDBY_TAKEN)
         message, fds = recv_fds(connection, 3)
     except (OSError, EOFError):
         return 1  # the claimant went away before handing a program over
-    if len(fds) != 3:
+    request = Handover.parse(message)
+    if len(fds) != 3 or request is None:
         return 1
-    request = json.loads(message.decode())
-    key = request["key"]
+    key = request.key
     oom = memory.OomWatch()
     pid = os.fork()
     if pid == 0:
@@ -226,15 +225,15 @@ def own_claim(connection):
 
 def become(request, fds, connection):
     """Turn this interpreter into the program of `request`, on the descriptors `fds`; exits with its code."""
-    connection.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+    connection.sendall(Handover.started(os.getpid()))
     _reseed()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    os.chdir(request["cwd"])
+    os.chdir(request.cwd)
     os.environ.clear()
-    os.environ.update(request["env"])
-    argv = request["argv"]
+    os.environ.update(request.env)
+    argv = request.argv
     proctitle.set_title(commands.command_line(argv), os.path.basename(argv[0]))
 
     def watch_claimant():
@@ -244,7 +243,7 @@ def become(request, fds, connection):
                 pass
         except OSError:
             pass
-        groups.stop_group(os.getpgrp(), request.get("grace", STOP_GRACE_S))
+        groups.stop_group(os.getpgrp(), request.grace)
 
     threading.Thread(target=watch_claimant, daemon=True).start()
     sys.exit(commands.run_program(argv))
@@ -283,7 +282,7 @@ def claim(given_up=lambda: False, stalled_s=STALLED_S):
                 try:
                     sock.settimeout(10)
                     sock.connect(socket_path())
-                    if _read_exactly(sock, len(TAKEN)) == TAKEN:
+                    if _read_exactly(sock, len(STANDBY_TAKEN)) == STANDBY_TAKEN:
                         sock.settimeout(None)
                         return sock
                 except (OSError, EOFError):
@@ -300,9 +299,5 @@ def claim(given_up=lambda: False, stalled_s=STALLED_S):
 def hand_over(key, argv, env, sock, stdout, stderr, grace):
     """Hand `argv` to the claimed standby, on the descriptors given; its pid (its owner records its end)."""
     with open(os.devnull, "rb") as devnull:
-        request = {"key": key, "argv": argv, "env": env, "cwd": os.getcwd(), "grace": grace}
-        send_fds(sock, json.dumps(request).encode(), [devnull.fileno(), stdout, stderr])
-    first = sock.makefile("r").readline()
-    if not first:
-        return None  # it died as it took the program: its owner says how
-    return json.loads(first)["pid"]
+        send_fds(sock, Handover(key, argv, env, os.getcwd(), grace).message(), [devnull.fileno(), stdout, stderr])
+    return Handover.read_started(sock.makefile("r").readline())  # None: it died as it took the program
