@@ -1059,18 +1059,18 @@ OLD_GUARDS_ANSWER = (2, "usage: tflab-guard [-h]\n                   {run,serve,
 def test_a_node_with_an_older_guard_is_told_to_run_up(python: Path, zipapp: Path, env) -> None:
     from tflab_guard.protocol import VERSION
 
-    from tflab.engine import guardcmd
+    from tflab.engine import guardcmd, guardwait
     from tflab.errors import UserError
 
     assert "--protocol" in guardcmd.stop(["run:t:*"])
     with pytest.raises(UserError, match=r"older tflab guard.*`tflab up`"):
-        guardcmd.check_stopped(OLD_GUARDS_ANSWER)
-    guardcmd.check_stopped((0, ""))
+        guardwait.check_stopped(OLD_GUARDS_ANSWER)
+    guardwait.check_stopped((0, ""))
     # This guard, asked by a newer tflab, refuses as an older guard does: that tflab then says `tflab up`.
     newer = subprocess.run([str(python), str(zipapp), "stop", "run:t:*", "--protocol", str(VERSION + 1)],
                            capture_output=True, universal_newlines=True, env=env, timeout=30)
     with pytest.raises(UserError, match=r"older tflab guard"):
-        guardcmd.check_stopped((newer.returncode, newer.stdout + newer.stderr))
+        guardwait.check_stopped((newer.returncode, newer.stdout + newer.stderr))
 
 
 def test_a_stop_that_forgets_leaves_no_ending_to_answer_for_the_next_run(guard, verb, state: Path) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import fakeguard
-from tflab.engine import guardcmd
+from tflab_guard import protocol
+from tflab.engine import guardcmd, guardwait
 from tflab.plan.config import Task
 from tflab.plan.tasks import servers_for_exec, start_order
 from tflab.plan.topology import Topology, plan
@@ -190,9 +191,9 @@ def test_workers_start_held_with_preload_and_only_a_process_whose_end_is_unknown
     # What a sweep matches, as the guard matches it: this task's processes, not another's nor an exec's.
     pattern = sweeps[0][1]
     assert all(p == pattern for _, p in sweeps)
-    assert [k for k in (guardcmd.run_key("train", "worker1"), guardcmd.run_key("train", "ps0"),
-                        guardcmd.run_key("train.v2", "worker1"), guardcmd.run_key("train-2", "worker1"),
-                        guardcmd.exec_key("train", "worker1", "42"), guardcmd.serve_key("train", "ps0"))
+    assert [k for k in (protocol.run_key("train", "worker1"), protocol.run_key("train", "ps0"),
+                        protocol.run_key("train.v2", "worker1"), protocol.run_key("train-2", "worker1"),
+                        protocol.exec_key("train", "worker1", "42"), protocol.serve_key("train", "ps0"))
             if fnmatch.fnmatchcase(k, pattern)] == ["run:train:worker1", "run:train:ps0"]
 
 
@@ -291,7 +292,7 @@ def test_a_cpu_fault_first_lets_a_standby_still_importing_finish(answers: list[i
             return answers[min(len(self.asked), len(answers)) - 1], ""  # the guard's `warm`
 
     node = Node()
-    assert guardcmd.wait_imported(node, "ps0", timeout_s=10.0) is waited  # type: ignore[arg-type]
+    assert guardwait.wait_imported(node, "ps0", timeout_s=10.0) is waited  # type: ignore[arg-type]
     assert len(node.asked) == len(answers) and all(argv[2] == "warm" for argv in node.asked)
 
 

@@ -126,7 +126,7 @@ def test_the_ps_dying_ends_the_run_at_once_naming_it() -> None:
 
 def test_a_server_that_never_serves_fails_the_run_when_its_wait_says_so_not_at_a_clock() -> None:
     """The machine keeps no clock of its own for a server: a ps busy starting in a node held to 0.1 CPU is
-    waited for past the ready timeout (guardcmd.await_serving), and the run fails when that wait ends."""
+    waited for past the ready timeout (guardwait.await_serving), and the run fails when that wait ends."""
     machine = RunMachine(PLAN)
     machine.handle(Began(0.0))
     assert machine.handle(Tick(119.0)) == [] and machine.handle(Tick(600.0)) == []

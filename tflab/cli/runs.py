@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from tflab_guard import protocol
+
 from tflab.cli import views
 from tflab.cli.common import (
     SETTINGS,
@@ -304,7 +306,7 @@ def stop(
     side = backend(lf)
     running = [name for name, node in side.status().items() if node.running and name in lf.lab.names]
     executor = side.executor(running, via)
-    parallel(lambda name: executor.run(name, guardcmd.stop([guardcmd.run_key(task, "*")], force=True)), running)
+    parallel(lambda name: executor.run(name, guardcmd.stop([protocol.run_key(task, "*")], force=True)), running)
     report = replace(report, state="finished", verdict=Verdict.INTERRUPTED, exit_code=130, ended=time.time(),
                      problem=f"its supervisor (pid {report.pid}) was gone; `tflab stop` cleared what it left")
     report.save(folder)

@@ -24,7 +24,7 @@ from tflab.engine.builds import BuildResult, Progress, image_exists
 from tflab.engine.containers import labelled, probe_links
 from tflab.engine.copying import Copier, CopyTarget
 from tflab.engine.executors import Executor
-from tflab.engine.guardcmd import warm_up
+from tflab.engine.guardwait import warm_up
 from tflab.errors import EngineError, UserError
 from tflab.host import buildsettings, proc
 from tflab.host.fanout import parallel

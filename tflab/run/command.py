@@ -12,6 +12,8 @@ import queue
 import time
 from collections.abc import Callable, Sequence
 
+from tflab_guard import protocol
+
 from tflab.engine import guardcmd
 from tflab.engine.executors import Executor, OnOutput
 from tflab.run.drive import drive
@@ -47,7 +49,7 @@ class CommandRun:
     def run(self) -> Finish:
         node = self.node
         machine = RunMachine(RunPlan(servers=(), finishers=(node,), chief=node, stop_hung=False))
-        key = guardcmd.exec_key("cmd", node, str(os.getpid()))
+        key = protocol.exec_key("cmd", node, str(os.getpid()))
         first = machine.handle(Began(self.clock()))
         watch = ProcessWatch(node, key, self.executor, self.events, self.clock)
 

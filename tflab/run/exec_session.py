@@ -28,10 +28,10 @@ from typing import IO, Any
 
 from tflab_guard import protocol
 
-from tflab.engine import guardcmd
+from tflab.engine import guardcmd, guardwait
 from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
-from tflab.engine.guardcmd import warm_up
+from tflab.engine.guardwait import warm_up
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
 from tflab.host.fanout import background, parallel
 from tflab.host.locks import file_lock
@@ -67,7 +67,7 @@ class ExecSetup:
     progress: str | None = None  # the task's own progress pattern
     warm: bool = True
     ready_timeout_s: float = 120.0
-    stop_grace_s: float = guardcmd.STOP_GRACE_S
+    stop_grace_s: float = protocol.STOP_GRACE_S
 
 
 @dataclass
@@ -125,7 +125,7 @@ class ExecSession:
                 others = self.records.live(exclude=self.owner)
                 fresh = not others
                 if setup.plan is None and self.executor.run(
-                        setup.node, guardcmd.alive(guardcmd.serve_key(setup.task, setup.node)))[0] == 0:
+                        setup.node, guardcmd.alive(protocol.serve_key(setup.task, setup.node)))[0] == 0:
                     users = sorted({str(r.get("node")) for r in others}) or ["another"]
                     raise UserError(f"{setup.node} already serves {setup.task} for the exec of {', '.join(users)}: a "
                                     f"second one would find its port taken; that exec stops it when it ends")
@@ -163,7 +163,7 @@ class ExecSession:
 
         """Hold the servers (held before looked at), then start those that do not serve; wait until all accept."""
         setup = self.setup
-        lease = guardcmd.lease(setup.task)
+        lease = protocol.exec_lease(setup.task)
         holding = {name: threading.Event() for name in setup.servers}
         old_guard: list[str] = []
         for name in setup.servers:
@@ -175,7 +175,7 @@ class ExecSession:
                     holding[name].set()
 
             def on_exit(end: End, name: str = name, said: bytearray = said) -> None:
-                if guardcmd.is_old_guard(end.code, said.decode(errors="replace")):
+                if guardwait.is_old_guard(end.code, said.decode(errors="replace")):
                     old_guard.append(name)
                 holding[name].set()  # never holding: the check below says so
 
@@ -192,7 +192,7 @@ class ExecSession:
                                   f"is {name} running (`tflab status`)?")
 
         def start(name: str) -> bool:
-            key = guardcmd.serve_key(setup.task, name)
+            key = protocol.serve_key(setup.task, name)
             if name in self.exec_nodes:
                 return False  # another terminal's `tflab exec NAME TASK` runs this server itself
             if not restart and self.executor.run(name, guardcmd.alive(key))[0] == 0:
@@ -206,15 +206,15 @@ class ExecSession:
 
         started = dict(zip(setup.servers, parallel(start, setup.servers)))
         waits = dict(zip(setup.servers, parallel(
-            lambda name: guardcmd.await_serving(
-                self.executor, name, None if name in self.exec_nodes else guardcmd.serve_key(setup.task, name),
+            lambda name: guardwait.await_serving(
+                self.executor, name, None if name in self.exec_nodes else protocol.serve_key(setup.task, name),
                 setup.ready_timeout_s, self.say),
             setup.servers)))
         for name in setup.servers:
-            if waits[name].outcome == guardcmd.ServeOutcome.ENDED:
+            if waits[name].outcome == guardwait.ServeOutcome.ENDED:
                 raise UserError(f"{name} exited before serving on port {GRPC_PORT}; its output is in "
                                 f"the runs folder: {setup.task}/logs/{name}.log")
-            if waits[name].outcome != guardcmd.ServeOutcome.SERVING:
+            if waits[name].outcome != guardwait.ServeOutcome.SERVING:
                 raise UserError(f"{waits[name].problem}; its output is in the runs folder: {setup.task}/logs/{name}.log")
             how = ("its own exec, in another terminal: this exec joins it" if name in self.exec_nodes
                    else "started for this exec" if started[name] else "already serving: this exec joins it")
@@ -230,10 +230,10 @@ class ExecSession:
             if name in self.exec_nodes:
                 continue  # its own exec ends it
             try:
-                if self.executor.run(name, guardcmd.has_holders(guardcmd.lease(setup.task)))[0] == 0:
+                if self.executor.run(name, guardcmd.has_holders(protocol.exec_lease(setup.task)))[0] == 0:
                     self.say(f"{name} keeps serving: another exec of {setup.task} uses it")
                     continue
-                self.executor.run(name, guardcmd.stop([guardcmd.serve_key(setup.task, name)], setup.stop_grace_s))
+                self.executor.run(name, guardcmd.stop([protocol.serve_key(setup.task, name)], setup.stop_grace_s))
             except TflabError:
                 continue  # the node is gone; its server went with it
             self.say(f"stopped {name}")
@@ -268,7 +268,7 @@ class ExecSession:
 
     def _run_node(self, log_path: Path) -> ExecResult:
         setup = self.setup
-        key = guardcmd.exec_key(setup.task, setup.node, self.owner)
+        key = protocol.exec_key(setup.task, setup.node, self.owner)
         argv = guardcmd.run_line(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
         plan = setup.plan or RunPlan(servers=(), finishers=(setup.node,), chief=setup.node, stop_hung=False)
         machine = RunMachine(plan)

@@ -20,7 +20,9 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Protocol
 
-from tflab.engine import guardcmd
+from tflab_guard import protocol
+
+from tflab.engine import guardcmd, guardwait
 from tflab.engine.attached import End
 from tflab.engine.executors import Attached, Executor
 from tflab.errors import TflabError
@@ -87,7 +89,7 @@ class RunSetup:
     log_dir: Path
     preload: bool = True
     warm: bool = True
-    stop_grace_s: float = guardcmd.STOP_GRACE_S
+    stop_grace_s: float = protocol.STOP_GRACE_S
     report_every_s: float = 10.0
     progress: str | None = None  # the task's own progress pattern (tflab.yaml `progress:`)
     node_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per node, what the run's knobs set
@@ -212,7 +214,7 @@ class Launcher:
                 background(self._drill, action, name="drill")
 
     def _start(self, name: str, held: bool, attempt: int) -> None:
-        key = guardcmd.run_key(self.setup.task, name)
+        key = protocol.run_key(self.setup.task, name)
         start_id = f"{attempt}-{uuid.uuid4().hex[:8]}"  # the probe of a server counts this start's ending only
         argv = guardcmd.run_line(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
                                  warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s,
@@ -305,22 +307,22 @@ class Launcher:
             self._say(sentence)
 
     def _probe(self, name: str, key: str, start_id: str) -> None:
-        """Wait for a server to serve (guardcmd.await_serving): Serving, or NotServing saying why not; a server
+        """Wait for a server to serve (guardwait.await_serving): Serving, or NotServing saying why not; a server
         that ended first says so itself (Exited)."""
         try:
-            waited = guardcmd.await_serving(self.executor, name, key, self.plan.ready_timeout_s, self._say,
+            waited = guardwait.await_serving(self.executor, name, key, self.plan.ready_timeout_s, self._say,
                                             start_id=start_id)
         except TflabError as exc:
             self.events.put(NotServing(name, self.clock(), f"{name} could not be asked whether it serves: {exc}"))
             return
-        if waited.outcome == guardcmd.ServeOutcome.SERVING:
+        if waited.outcome == guardwait.ServeOutcome.SERVING:
             self.events.put(Serving(name, self.clock()))
-        elif waited.outcome == guardcmd.ServeOutcome.LATE:
+        elif waited.outcome == guardwait.ServeOutcome.LATE:
             self.events.put(NotServing(name, self.clock(), waited.problem or f"{name} did not serve"))
 
     def _stop(self, name: str, force: bool) -> None:
         process = self.processes.get(name)
-        key = guardcmd.run_key(self.setup.task, name)
+        key = protocol.run_key(self.setup.task, name)
         if process is not None and not force:
             process.close()  # the guard stops the group: TERM, then KILL after the grace
             if process.wait(self.setup.stop_grace_s + 3):
@@ -335,7 +337,7 @@ class Launcher:
 
     def _clear(self, nodes: list[str]) -> None:
         """Stop every process of this task's runs in these nodes (in parallel)."""
-        pattern = guardcmd.run_key(self.setup.task, "*")
+        pattern = protocol.run_key(self.setup.task, "*")
 
         def clear(name: str) -> None:
             try:

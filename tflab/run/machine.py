@@ -10,7 +10,7 @@ The rules (DESIGN.md, "Tasks"):
   every server accepts on its port; sidecars (the evaluator) run beside them;
 - the run succeeds when every finisher exited 0; then servers and sidecars are stopped;
 - a finisher that fails stops the run (unless a restart is allowed), as does a server
-  that exits while the finishers run, or one that never serves (its wait, guardcmd.await_serving,
+  that exits while the finishers run, or one that never serves (its wait, guardwait.await_serving,
   says so: not serving past the ready timeout and using no CPU; one still busy starting is waited for);
 - after the chief finished, a finisher still running is hung once it has been silent for
   the grace period; one that never printed a step may be sleeping through TF1's
@@ -199,7 +199,7 @@ class RunMachine:
         return actions
 
     def _not_serving(self, event: NotServing) -> list[Action]:
-        """A server's wait ended without it serving (guardcmd.await_serving says why): before the workers start,
+        """A server's wait ended without it serving (guardwait.await_serving says why): before the workers start,
         the run fails so; after (a server started again by a drill), it is said."""
         node = self.nodes.get(event.node)
         if self.finished or node is None or node.role != SERVER or node.serving or node.ended is not None:

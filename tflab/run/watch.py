@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from tflab_guard import protocol
 
-from tflab.engine import guardcmd
+from tflab.engine import guardwait
 from tflab.engine.attached import End
 from tflab.engine.executors import Executor
 from tflab.plan import progress, quality
@@ -66,7 +66,7 @@ class ProcessWatch:
                 self._progress(text)
             for text in self.lines[0].rest() + self.lines[1].rest():
                 self._line(text)
-            end = guardcmd.learn_exit(self.executor, self.node, self.key, end)
+            end = guardwait.learn_exit(self.executor, self.node, self.key, end)
         finally:
             self.events.put(exited_event(self.node, self.clock(), end))
 
