@@ -121,12 +121,12 @@ class GuardedProcess:
         self.resumed = 0
         self.dropping = False  # its reader is gone: the rest of its output is not wanted
 
-    def _say(self, line: bytes, last: bool = False) -> None:
+    def _say(self, line: bytes) -> None:
         with self._lock:
             if self.ended.is_set():
                 return
             try:
-                self._write(line, last)
+                self._write(line)
             except (OSError, ValueError):
                 pass  # the process or its node is gone: nothing to tell
 
@@ -135,7 +135,7 @@ class GuardedProcess:
 
     def close(self) -> None:
         self.closing = True
-        self._say(STOP, last=True)
+        self._say(STOP)  # the connection stays open: the guard's end lines are answered on it
 
     def drop(self) -> None:
         self.dropping = True
@@ -235,7 +235,7 @@ class GuardedProcess:
             try:
                 self._restart(self.resume.argv(*self.offsets))
                 if self.dropping:
-                    self._write(DROP, False)  # the new connection's guard wants to know it too
+                    self._write(DROP)  # the new connection's guard wants to know it too
             except Exception as exc:  # noqa: BLE001 - the node itself is gone: the reason stands
                 log.info("could not attach again: %s", exc)
                 return False
@@ -244,7 +244,7 @@ class GuardedProcess:
     def _restart(self, argv: Sequence[str]) -> None:
         raise NotImplementedError
 
-    def _write(self, line: bytes, last: bool) -> None:
+    def _write(self, line: bytes) -> None:
         raise NotImplementedError
 
     def _stream(self, emit: OnOutput) -> None:

@@ -87,7 +87,7 @@ class _DockerProcess(GuardedProcess):
         self.exec_id, self.connection = open_exec(self.api, self.container, argv, {}, "/")
         self.writer = writable(self.connection)
 
-    def _write(self, line: bytes, last: bool) -> None:
+    def _write(self, line: bytes) -> None:
         self.writer.sendall(line)
 
     def _stream(self, emit: OnOutput) -> None:
@@ -223,13 +223,11 @@ class _SshProcess(GuardedProcess):
         self.tail = []
         self.child = self.start_child(argv)
 
-    def _write(self, line: bytes, last: bool) -> None:
+    def _write(self, line: bytes) -> None:
         stdin: IO[bytes] | None = self.child.stdin
         assert stdin is not None
         stdin.write(line)
         stdin.flush()
-        if last:
-            stdin.close()
 
     def _stream(self, emit: OnOutput) -> None:
         def read(stream: Any, is_err: bool) -> None:
