@@ -71,13 +71,19 @@ ENDINGS = [Ending(0), Ending(3), Ending(127, None, protocol.REFUSED), Ending(143
 
 @pytest.mark.parametrize("ending", ENDINGS, ids=repr)
 def test_every_ending_the_guard_writes_is_read_back_the_same_and_said_in_one_sentence(ending: Ending) -> None:
-    assert Ending.from_json(ending.to_json()) == ending  # the record (`ended`, KEY.exit)
+    assert Ending.from_json(ending.to_json()) == ending  # the record (KEY.exit)
+    assert Ending.from_answer(0, ending.to_json() + "\n") == ending  # `ended`'s answer
     splitter = EndSplitter()
     line = StreamEnd(ending, [12, 3]).line()
     own = b"".join(splitter.feed(line[i:i + 5]) for i in range(0, len(line), 5))  # cut anywhere on the way
     assert own == b"" and splitter.end is not None
     assert (splitter.end.ending, splitter.end.kept) == (ending, [12, 3])  # the end line
     assert ending.sentence() and ending.status() == (143 if ending.code is None else ending.code)
+
+
+def test_an_ended_answer_without_an_ending_has_none() -> None:
+    assert Ending.from_answer(1, "unknown\n") is None and Ending.from_answer(0, "") is None
+    assert Ending.from_answer(2, "usage: tflab-guard ...") is None
 
 
 def test_a_streams_own_bytes_pass_and_only_the_end_line_is_taken() -> None:

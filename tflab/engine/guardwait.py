@@ -90,7 +90,7 @@ def ending(executor: Executor, node: str, key: str) -> Ending | None:
         code, text = executor.run(node, ended(key))
     except TflabError:
         return None
-    return Ending.from_json(text.strip().splitlines()[-1]) if code == 0 and text.strip() else None
+    return Ending.from_answer(code, text)
 
 
 def learn_exit(executor: Executor, node: str, key: str, end: End) -> End:

@@ -141,6 +141,12 @@ class Ending(object):
         except (ValueError, KeyError, TypeError):
             return None
 
+    @classmethod
+    def from_answer(cls, code, output):
+        """The Ending in the answer of `ended` (its exit code and output), or None where it has none (`unknown`)."""
+        lines = output.strip().splitlines()
+        return cls.from_json(lines[-1]) if code == 0 and lines else None
+
     def sentence(self):
         """What a user reads: 'exited with 3', 'killed by SIGKILL from outside tflab', ..."""
         if self.reason == OOM:
