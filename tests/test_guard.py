@@ -990,6 +990,29 @@ def test_a_reader_that_is_gone_gets_no_more_output_and_the_ending_at_once(guard,
         "the node forgets what nobody will read"
 
 
+def test_an_attach_to_a_process_whose_guard_was_killed_with_it_says_its_end_is_lost_at_once(
+        guard, python: Path, zipapp: Path, env, state: Path) -> None:
+    """A drill's `kill worker1` kills every process of the node, the guard too: nobody recorded how the program
+    ended. tflab's attach reads what the node kept and says the end is lost in its end line, at once (it said
+    'no process' on stderr, taken for the program's output, and tflab attached five times more, 8 s)."""
+    from tflab_guard.protocol import EndSplitter
+
+    child = guard("run", "run:t:w9", "--shell", "echo one; echo two; sleep 60", stderr=subprocess.DEVNULL)
+    assert child.stdout.readline() == "one\n"
+    time.sleep(0.3)
+    os.killpg(int((state / "run:t:w9.pid").read_text().split()[0]), signal.SIGKILL)
+    child.kill()
+    child.wait(timeout=10)
+    began = time.monotonic()
+    done = subprocess.run([str(python), str(zipapp), "attach", "run:t:w9", "--out", "4", "--end-in-stream"],
+                          input=b"", capture_output=True, env=env, timeout=30)
+    out, err = EndSplitter(), EndSplitter()
+    own = out.feed(done.stdout) + out.rest()
+    assert err.feed(done.stderr) + err.rest() == b"", "nothing said as if the program had said it"
+    assert own == b"two\n" and out.end is not None and out.end.ending == Ending(255, None, "lost")
+    assert done.returncode == 255 and time.monotonic() - began < 5
+
+
 def test_a_probe_of_a_new_start_takes_no_earlier_ending_for_its_own(guard, verb, state: Path) -> None:
     """Until the new start's guard begins, the node still has the last start's ending (one whose end line never
     reached tflab): a probe of the new one must wait for its server, not say it ended before serving."""

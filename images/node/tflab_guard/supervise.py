@@ -389,19 +389,22 @@ def _size(path):
 
 def attach(args):
     """KEY's output again from the offsets tflab had, and its end (as its exit code): what tflab runs when its
-    connection to KEY's guard broke. Renews the lease and passes `stop` on, as that guard did."""
+    connection to KEY's guard broke. Renews the lease and passes `stop` on, as that guard did. Where nobody owns
+    the process any more (its guard was killed with it: a node's every process killed, a container restarted),
+    its end is lost, said at once: with --end-in-stream, in the end line after what the node kept of its output."""
     key = args.key
     lease = args.lease or key
     connection = Connection(lease, key)
     connection.start()
-    if registry.read_exit(key) is None and registry.read_guard(key) is None and registry.read_pid(key) is None:
+    nobody = registry.read_exit(key) is None and registry.read_guard(key) is None and registry.read_pid(key) is None
+    if nobody and not args.end_in_stream:
         say("tflab: no process %s in this node" % key)
         return 255
     followers = follow(key, args.out, args.err, connection.dropped)
     stopper = Stopper(key, STOP_GRACE_S)
     lost_since = None
     while True:
-        ending = registry.read_exit(key)
+        ending = registry.read_exit(key) or (Ending(255, None, LOST) if nobody else None)
         if ending is not None:
             break
         if connection.stop_asked.is_set():
