@@ -298,9 +298,9 @@ def _end_output(args, key, ending, handles, followers, connection):
 
 def tell_end(key, ending, connection):
     """The end line on stdout and on stderr (after all of the output: protocol.StreamEnd); once tflab answers that
-    it read all the node kept of both, or said it wants no more (`drop`), the process's records are forgotten:
-    its output, and how it ended, which tflab now has (else `attach` reads them again, and a probe of the key's
-    next start would take this ending for that one's)."""
+    it read all the node kept of both, or said it wants no more (`drop`), the kept output is forgotten (else
+    `attach` reads it again). How it ended stays until the key's next start: a probe of this start may still
+    look for it (a server that ended before serving), and one of the next start counts only its own (--id)."""
     paths = registry.out_paths(key)
     kept = [_size(path) for path in paths]
     line = StreamEnd(ending, kept).line()
@@ -311,7 +311,8 @@ def tell_end(key, ending, connection):
         except (OSError, ValueError):
             return  # the connection is gone: an `attach` tells it again
     if connection.dropped.is_set() or (connection.answered.wait(DELIVERED_WAIT_S) and connection.delivered == kept):
-        registry.forget(key)
+        for path in paths:
+            registry.unlink(path)
 
 
 def program(args):
