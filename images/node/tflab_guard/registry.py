@@ -99,7 +99,7 @@ def begin(key, start_id=None):
 
 
 def forget(key):
-    """KEY's records of how it ended and what it printed gone: tflab has them, or a new start of KEY begins."""
+    """KEY's records of how it ended and what it printed gone: a new start of KEY begins, or a stop forgets them."""
     for path in (exit_path(key), stop_path(key), id_path(key)) + out_paths(key):
         unlink(path)
 

@@ -404,8 +404,9 @@ def attach(args):
     followers = follow(key, args.out, args.err, connection.dropped)
     stopper = Stopper(key, STOP_GRACE_S)
     lost_since = None
-    while True:
-        ending = registry.read_exit(key) or (Ending(255, None, LOST) if nobody else None)
+    ending = Ending(255, None, LOST) if nobody else None
+    while ending is None:
+        ending = registry.read_exit(key)
         if ending is not None:
             break
         if connection.stop_asked.is_set():
