@@ -174,13 +174,14 @@ def test_a_moved_lab_keeps_its_project_and_a_copy_beside_it_gets_its_own(runner,
 
 
 def test_the_schema_describes_every_setting_of_a_lab_once() -> None:
-    """tflab.yaml's keys, their reading and their writing come from one table: a LabConfig field (or one of
-    its parts') that the table does not name would be neither read nor written."""
+    """tflab.yaml's keys, their reading and their writing come from one model: a LabConfig field (or one of
+    its parts') that no key of the model lands in would be neither read nor written."""
     import dataclasses
 
-    from tflab.plan.labfile import PARTS, SCHEMA, Key, Section
+    from tflab.plan.labfile import PARTS, LabFile, lands, sections
 
-    attrs = [key.attr for entry in SCHEMA for key in (entry.keys if isinstance(entry, Section) else (entry,))]
+    keys = [*lands(LabFile).values(), *(where for kind in sections().values() for where in lands(kind).values())]
+    attrs = [where.attr for where in keys]
     assert len(attrs) == len(set(attrs)), "a setting described twice"
     expected = set()
     for field in dataclasses.fields(cfg.LabConfig):
@@ -189,7 +190,9 @@ def test_the_schema_describes_every_setting_of_a_lab_once() -> None:
         else:
             expected.add(field.name)
     assert set(attrs) == expected
-    assert all(isinstance(entry, (Key, Section)) for entry in SCHEMA)
+    declared = {*lands(LabFile), *sections()}
+    assert declared == set(LabFile.model_fields), "a key of the file that lands nowhere"
+    assert all(set(lands(kind)) == set(kind.model_fields) for kind in sections().values())
 
 
 def test_an_unknown_key_is_named_with_the_closest_known_one_from_the_schema() -> None:

@@ -13,7 +13,7 @@ from conftest import cli
 
 from tflab.errors import UserError
 from tflab.plan import labfile
-from tflab.plan.labfile import SCHEMA, Section, from_yaml
+from tflab.plan.labfile import LabFile, from_yaml, sections
 
 SCHEMA_JSON = labfile.json_schema()
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA_JSON)
@@ -49,9 +49,23 @@ BAD = {
 
 
 def test_every_key_of_tflab_yaml_has_its_schema() -> None:
-    keys = [key for entry in SCHEMA for key in (entry.keys if isinstance(entry, Section) else (entry,))]
-    assert [key.name for key in keys if not key.schema] == []
     jsonschema.Draft202012Validator.check_schema(SCHEMA_JSON)
+    assert list(SCHEMA_JSON["properties"]) == list(LabFile.model_fields)
+    defs = SCHEMA_JSON["$defs"]
+    for name, kind in sections().items():
+        assert list(defs[kind.__name__]["properties"]) == list(kind.model_fields), name
+        assert defs[kind.__name__]["additionalProperties"] is False
+
+
+def test_every_key_says_what_it_is_for_an_editor_to_show() -> None:
+    """An editor shows a key's description as the user types it: each key of the file has one (a section's is its
+    model's, reached through its reference)."""
+    def described(schema: dict) -> bool:
+        return "description" in schema or "$ref" in schema or any(described(s) for s in schema.get("anyOf", []))
+
+    for where in [SCHEMA_JSON, *SCHEMA_JSON["$defs"].values()]:
+        assert "description" in where or where is SCHEMA_JSON
+        assert [key for key, schema in where.get("properties", {}).items() if not described(schema)] == []
 
 
 def test_what_tflab_writes_and_a_full_file_are_valid_for_both() -> None:

@@ -110,10 +110,36 @@ def test_strict_yaml_names_a_key_given_twice_with_its_lines() -> None:
     with pytest.raises(UserError, match=r"^tflab.yaml is not valid YAML: "):
         strictyaml.load_yaml("a: [", "tflab.yaml")
     assert strictyaml.load_yaml("a: {b: 1}\n", "x") == {"a": {"b": 1}}
-    reader = strictyaml.Reader("tflab.yaml")
-    with pytest.raises(UserError, match=r"topology.nodse .*did you mean nodes\?"):
-        reader.mapping({"nodse": 1}, "topology", ("nodes", "ps"))
-    assert strictyaml.shown(True) == "bool True" and strictyaml.shown([1]) == "a list"
+    assert strictyaml.shown(True) == "bool True" and strictyaml.shown([1]) == "a list" and strictyaml.shown(None) == "null"
+
+
+class _Part(strictyaml.Keys):
+    nodes: int = 1
+    place: dict[str, strictyaml.Text] | None = {}
+
+
+class _File(strictyaml.Keys):
+    topology: _Part | None = None
+    gpus: list[_Part] = []
+
+
+@pytest.mark.parametrize(("doc", "said"), [
+    ({"topology": {"nodse": 1}}, "tflab.yaml: topology.nodse is not a key tflab knows (did you mean nodes?); "
+                                 "the keys here are: nodes, place"),
+    ({"topolgy": {}}, "tflab.yaml: topolgy is not a key tflab knows (did you mean topology?)"),
+    ({"topology": {"nodes": "2"}}, "tflab.yaml: topology.nodes must be a whole number, not str '2'"),
+    ({"gpus": [{}, {"nodes": None}]}, "tflab.yaml: gpus[1].nodes must be a whole number, not null"),
+    ({"gpus": [{}, 3]}, "tflab.yaml: gpus[1] must be a mapping, not int 3"),
+    ({"topology": {"place": {"ps0": " "}}}, "tflab.yaml: topology.place.ps0 must be a text, not str ' '"),
+    ({"topology": {"place": {1: "a"}}}, "tflab.yaml: topology.place has a key that is not a word: 1"),
+    ({"topology": [1]}, "tflab.yaml: topology must be a mapping, not a list"),
+])
+def test_a_declared_model_says_what_is_wrong_in_one_line_naming_the_key(doc: dict, said: str) -> None:
+    """pydantic reads the document; tflab says the first thing it found, in its words, at pydantic's place."""
+    with pytest.raises(UserError) as refused:
+        strictyaml.read_as(_File, doc, "tflab.yaml")
+    assert str(refused.value).startswith(said)
+    assert strictyaml.read_as(_File, {"topology": None, "gpus": [{"place": None}]}, "x") == _File(gpus=[_Part()])
 
 
 def test_a_nodes_rate_duration_and_last_signs_of_life() -> None:

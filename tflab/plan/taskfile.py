@@ -2,62 +2,103 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, GetJsonSchemaHandler, StringConstraints, WithJsonSchema
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from tflab.plan import progress
-from tflab.plan.config import BATCH, DEFAULT_SERVERS, ROLES, Task, check_task_name
-from tflab.plan.strictyaml import Reader, load_yaml, shown
+from tflab.plan.config import BATCH, DEFAULT_SERVERS, ROLES, TASK_NAME, Task, check_task_name
+from tflab.plan.strictyaml import KEY, Keys, Text, load_yaml, read_as, refused, ruled, shown
 
-TASK_KEYS = ("command", "servers", "preload", "progress", "batch")
-# A task as JSON Schema says it (tflab.yaml's schema, labfile.json_schema): a command line, or a mapping of TASK_KEYS.
-TASK_SCHEMA: dict[str, Any] = {"oneOf": [
-    {"type": "string", "minLength": 1, "description": "the command line every node runs"},
-    {"type": "object", "required": ["command"], "additionalProperties": False, "properties": {
-        "command": {"type": "string", "minLength": 1},
-        "servers": {"type": "array", "items": {"enum": list(ROLES)}, "description": "the roles that only serve"},
-        "preload": {"type": "boolean", "default": True},
-        "progress": {"type": "string", "description": "a regular expression of the program's progress line"},
-        "batch": {"type": ["integer", "string"], "description": "examples per step: N, {KNOB}, 'N per worker'"}}},
-]}
+
+def _roles(servers: Any) -> tuple[str, ...]:
+    if not isinstance(servers, list) or not all(isinstance(s, str) and s in ROLES for s in servers):
+        raise refused(f"{KEY} lists roles ({', '.join(ROLES)}), not {servers!r}")
+    return tuple(servers)
+
+
+def _pattern(pattern: str) -> str:
+    try:
+        progress.check_pattern(pattern)
+    except ValueError as exc:
+        raise refused(f"{KEY} {exc}") from None
+    return pattern
+
+
+def _batch(batch: Any) -> str:
+    if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0
+                                       or isinstance(batch, str) and BATCH.match(batch.strip())):
+        raise refused(f"{KEY} must be the examples one step takes: a whole number or {{NAME}} (a --env knob), "
+                      f"optionally 'per worker'; not {shown(batch)}")
+    return str(batch).strip()
+
+
+class TaskKeys(Keys):
+    """A task's command line, and how tflab runs it."""
+
+    command: Text
+    """The command line every node runs."""
+    servers: Annotated[tuple[str, ...], BeforeValidator(_roles),
+                       WithJsonSchema({"type": "array", "items": {"enum": list(ROLES)}})] = DEFAULT_SERVERS
+    """The roles that only serve while it runs."""
+    preload: bool = True
+    """Whether the node's warm interpreter (TensorFlow imported) runs it."""
+    progress: Annotated[Text, AfterValidator(_pattern)] | None = None
+    """A regular expression of the program's progress line."""
+    batch: Annotated[str, BeforeValidator(_batch),
+                     WithJsonSchema({"type": ["integer", "string"]})] | None = None
+    """Examples per step: N, {KNOB}, 'N per worker'."""
+
+    @classmethod
+    def checked(cls, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("command") is None:
+            raise refused(f"{KEY} needs a command")
+        return data
+
+
+class ShortForm:
+    """A task written as its command line alone (`train: python train.py`), or as a mapping (TaskKeys)."""
+
+    @staticmethod
+    def read(spec: Any) -> Any:
+        if isinstance(spec, str):
+            if not spec.strip():
+                raise refused(f"{KEY} needs a command")
+            return {"command": spec}
+        if not isinstance(spec, dict):
+            raise refused(f"{KEY} needs a command (a text, or a mapping with `command`), not {shown(spec)}")
+        return spec
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {"oneOf": [{"type": "string", "minLength": 1, "description": "the command line every node runs"},
+                          handler(core)]}
+
+
+def _name(name: Any) -> Any:
+    """A task's name is a word (a name that is not a text is pydantic's to refuse: a key that is not a word)."""
+    return ruled(lambda word, _: check_task_name(word), name) if isinstance(name, str) else name
+
+
+TaskName = Annotated[str, BeforeValidator(_name), StringConstraints(pattern=TASK_NAME.pattern, max_length=64)]
+Tasks = dict[TaskName, Annotated[TaskKeys, BeforeValidator(ShortForm.read), ShortForm()]]
+
+
+def tasks_of(tasks: dict[str, TaskKeys]) -> dict[str, Task]:
+    return {name: Task(name, spec.command, spec.servers, spec.preload, spec.progress, spec.batch)
+            for name, spec in tasks.items()}
+
+
+class TaskFile(Keys):
+    """The tasks of a file (a lab's tflab.yaml, or a code folder's own)."""
+
+    tasks: Tasks | None = {}
 
 
 def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
     """Tasks as tflab.yaml writes them: `name: command` or `name: {command:, servers:, preload:}`."""
-    read = Reader(source)
-    tasks: dict[str, Task] = {}
-    for name, spec in read.mapping(raw, "tasks").items():
-        check_task_name(name, f"{source}: task")
-        where = f"tasks.{name}"
-        if isinstance(spec, str):
-            if not spec.strip():
-                raise read.fail(where, "needs a command")
-            tasks[name] = Task(name, spec)
-            continue
-        if not isinstance(spec, dict):
-            raise read.fail(where, f"needs a command (a text, or a mapping with `command`), not {shown(spec)}")
-        spec = read.mapping(spec, where, TASK_KEYS)
-        command = read.string(spec, "command", where, None)
-        if command is None:
-            raise read.fail(where, "needs a command")
-        servers = spec.get("servers", list(DEFAULT_SERVERS))
-        if not isinstance(servers, list) or not all(isinstance(s, str) and s in ROLES for s in servers):
-            raise read.fail(f"{where}.servers", f"lists roles ({', '.join(ROLES)}), not {servers!r}")
-        preload = read.boolean(spec, "preload", where, True)
-        pattern = read.string(spec, "progress", where, None)
-        if pattern is not None:
-            try:
-                progress.check_pattern(pattern)
-            except ValueError as exc:
-                raise read.fail(f"{where}.progress", str(exc)) from None
-        batch = spec.get("batch")
-        if batch is not None:
-            if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0
-                                               or isinstance(batch, str) and BATCH.match(batch.strip())):
-                raise read.fail(f"{where}.batch", "must be the examples one step takes: a whole number or {NAME} "
-                                                  f"(a --env knob), optionally 'per worker'; not {shown(batch)}")
-            batch = str(batch).strip()
-        tasks[name] = Task(name, command, tuple(servers), preload, pattern, batch)
-    return tasks
+    return tasks_of(read_as(TaskFile, {"tasks": raw}, source).tasks or {})
 
 
 def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
@@ -78,10 +119,6 @@ def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
                 spec["batch"] = int(task.batch) if task.batch.isdigit() else task.batch
             out[name] = spec
     return out
-
-
-
-
 
 
 def tasks_from_text(text: str, source: str) -> dict[str, Task]:
