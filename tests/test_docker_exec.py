@@ -70,7 +70,7 @@ def test_two_terminals_share_one_ps_and_ctrl_c_stops_only_its_own(exec_lab: Path
     second.wait_for("worker1: first step done")
     running = task_processes(docker_client, project)
     assert sorted(running) == ["ps0", "worker0", "worker1"]
-    servers = [p for p in running["ps0"].split("; ") if "guard.pyz serve serve:long:ps0" in p]
+    servers = [p for p in running["ps0"].split("; ") if "tflab-guard serve serve:long:ps0" in p]
     assert len(servers) == 1, running["ps0"]  # one ps for both
     assert running["ps0"].count("guard.pyz hold exec:long") == 2  # held by both execs
 

@@ -925,6 +925,30 @@ def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, standbys, pyt
         assert verb("warm", env=env) == 0 and wait_for(lambda: not children_of(standby.pid))
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_users_pkill_of_the_programs_command_line_reaches_the_program_not_its_guard(
+        guard, verb, standbys, python: Path, env, state: Path, tmp_path: Path, warm: bool) -> None:
+    """`pkill -9 -f train.py`, as a user stops a program on a cluster's machine: the guard's own title names its key,
+    not the command line, so the kill reaches the program alone, and the guard records the kill from outside. (With
+    the command line in its title the guard was killed too: the end was lost, and a warm program, whose watcher stops
+    it once its guard is gone, raced the user's SIGKILL with a SIGTERM that was recorded as from outside tflab.)"""
+    env = fake_tensorflow(tmp_path, env)
+    program = tmp_path / "mnist_marker.py"
+    program.write_text(ENDING_PROGRAM)
+    standby = standbys(env) if warm else None
+    child = guard("run", "run:t:worker1", *(["--warm"] if warm else []), "--shell", f"{python.name} {program} sleep",
+                  env=env, stderr=subprocess.DEVNULL)
+    with renewing(child):
+        pid = int(child.stdout.readline())
+        assert "mnist_marker" not in cmdline(child.pid) and cmdline(child.pid) == "tflab-guard run run:t:worker1"
+        assert "mnist_marker" in cmdline(pid), "ps shows the program's own command line"
+        assert subprocess.run(["pkill", "-9", "-f", "mnist_marker.py"]).returncode == 0
+        assert child.wait(timeout=20) == 137
+    assert Ending.from_json((state / "run:t:worker1.exit").read_text()) == Ending(137, "SIGKILL", "outside")
+    if standby is not None:
+        assert verb("warm", env=env) == 0
+
+
 def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, python: Path, zipapp: Path, env,
                                                                state: Path) -> None:
     child = guard("run", "run:t:worker1", "--shell", "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.3; done; exit 7",

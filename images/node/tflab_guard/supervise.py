@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from tflab_guard import commands, groups, leases, memory, registry, standby, stopping
+from tflab_guard import commands, groups, leases, memory, proctitle, registry, standby, stopping
 from tflab_guard.connection import Connection
 from tflab_guard.protocol import (DELIVERED_WAIT_S, LAPSED, LEASE_S, LOST, OOM, REFUSED, STOP_GRACE_S, STOPPED, Ending,
                                   StreamEnd)
@@ -212,8 +212,15 @@ def _open_outputs(key):
     return [open(path, "wb", buffering=0) for path in paths]
 
 
+def own_title(verb, key):
+    """The guard's own title: its key, not its program's command line, which is the program's alone (a user's
+    `pkill -f train.py` reaches the program, as on a cluster's machine, and not the guard that records its end)."""
+    proctitle.set_title("tflab-guard %s %s" % (verb, key), "tflab-guard")
+
+
 def run(args):
     key = args.key
+    own_title("run", key)
     if registry.read_pid(key) is not None or registry.read_guard(key) is not None:
         # an earlier process of this key still there (its tflab gone, its lease not yet lapsed): it goes first
         stopping.stop_keys([key], 0, force=True)
@@ -327,8 +334,6 @@ def program(args):
         os.close(args.go_fd)
         if not go:
             return 128 + signal.SIGTERM
-    from tflab_guard import proctitle
-
     proctitle.set_title(commands.command_line(args.argv), os.path.basename(args.argv[0]))
     return commands.run_program(args.argv)
 
@@ -336,6 +341,7 @@ def program(args):
 def serve(args):
     """A server shared by tflab's execs: lives while its lease is held (without one, until `stop`)."""
     key = args.key
+    own_title("serve", key)
     registry.begin(key)
     plan = commands.plan_command(args.shell, args.argv)
     env = plan.environment(os.environ)
