@@ -45,6 +45,9 @@ BAD = {
     "a role that is none": ("tasks: {train: {command: x, servers: [boss]}}", "tasks.train.servers lists roles"),
     "a gpu without its index": ("gpus: [{name: T4}]", "gpus[0].index is missing"),
     "a list of packages as a text": ("packages: {pip: tf-keras}", "packages.pip must be a list of texts"),
+    "a task's name that is no word": ("tasks: {'my task': echo}", "task name 'my task' is not a word"),
+    "a NUMA node that is no number": ("host: {numa: {a: 0-3}}", "host.numa.a must be a NUMA node number"),
+    "a GPU that is no number": ("host: {gpu_numa: {x: 0}}", "host.gpu_numa.x maps a GPU index to its NUMA node"),
 }
 
 

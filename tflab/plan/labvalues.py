@@ -28,7 +28,7 @@ from tflab.plan.config import (
 )
 from tflab.plan.gpus import Gpu
 from tflab.plan.shares import HostFacts
-from tflab.plan.strictyaml import KEY, Keys, Text, by, refused, ruled, shown
+from tflab.plan.strictyaml import KEY, Keys, NamedBy, Text, by, refused, ruled, shown
 
 Json = dict[str, Any]
 
@@ -146,7 +146,7 @@ def _number_key(sentence: str) -> Any:
         if isinstance(key, str) and not (key.isascii() and key.isdigit()):
             raise refused(f"{KEY} {sentence}")
         return key
-    return Annotated[str, BeforeValidator(read), StringConstraints(pattern=r"^[0-9]+$")]
+    return Annotated[str, BeforeValidator(read)]
 
 
 def _numa_of(value: Any) -> Any:
@@ -158,6 +158,7 @@ def _numa_of(value: Any) -> Any:
 CpuList = Annotated[tuple[int, ...], BeforeValidator(_cpus),
                     WithJsonSchema({"type": ["string", "integer"], "description": "a CPU list, such as 0-7,16-23"})]
 GPU_TO_NUMA = "maps a GPU index to its NUMA node number"
+NUMBER = "^[0-9]+$"  # a NUMA node's or a GPU's number, as a mapping's key
 
 
 class HostKeys(Keys):
@@ -165,9 +166,11 @@ class HostKeys(Keys):
 
     cpus: CpuList | None = None
     """The CPUs the lab may use, such as 0-7,16-23."""
-    numa: dict[_number_key("must be a NUMA node number"), CpuList] | None = None  # type: ignore[valid-type]
+    numa: Annotated[dict[_number_key("must be a NUMA node number"), CpuList],  # type: ignore[valid-type]
+                    NamedBy(NUMBER)] | None = None
     """Each NUMA node's CPUs."""
-    gpu_numa: dict[_number_key(GPU_TO_NUMA), Annotated[int, BeforeValidator(_numa_of)]] | None = None  # type: ignore[valid-type]
+    gpu_numa: Annotated[dict[_number_key(GPU_TO_NUMA), Annotated[int, BeforeValidator(_numa_of)]],  # type: ignore[valid-type]
+                        NamedBy(NUMBER)] | None = None
     """Each GPU's NUMA node."""
     memory_mib: Annotated[int, Field(ge=0)] | None = 0
     """The host's memory in MiB."""

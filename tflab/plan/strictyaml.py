@@ -15,9 +15,18 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    GetJsonSchemaHandler,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 from tflab.errors import UserError
 
@@ -48,6 +57,17 @@ def by(check: Callable[[Any, str], Any], keep: bool = False) -> AfterValidator:
         kept = ruled(check, value)
         return value if keep else kept
     return AfterValidator(run)
+
+
+class NamedBy:
+    """A mapping's keys follow `pattern`: as its JSON Schema says it (propertyNames), so an editor refuses a key as
+    tflab does (the key's own validator says tflab's sentence)."""
+
+    def __init__(self, pattern: str, max_length: int | None = None) -> None:
+        self.names = {"pattern": pattern, **({"maxLength": max_length} if max_length is not None else {})}
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(core), "propertyNames": self.names}
 
 
 class Keys(BaseModel):

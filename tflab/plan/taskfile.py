@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, GetJsonSchemaHandler, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, GetJsonSchemaHandler, WithJsonSchema
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from tflab.plan import progress
 from tflab.plan.config import BATCH, DEFAULT_SERVERS, ROLES, TASK_NAME, Task, check_task_name
-from tflab.plan.strictyaml import KEY, Keys, Text, load_yaml, read_as, refused, ruled, shown
+from tflab.plan.strictyaml import KEY, Keys, NamedBy, Text, load_yaml, read_as, refused, ruled, shown
 
 
 def _roles(servers: Any) -> tuple[str, ...]:
@@ -81,8 +81,9 @@ def _name(name: Any) -> Any:
     return ruled(lambda word, _: check_task_name(word), name) if isinstance(name, str) else name
 
 
-TaskName = Annotated[str, BeforeValidator(_name), StringConstraints(pattern=TASK_NAME.pattern, max_length=64)]
-Tasks = dict[TaskName, Annotated[TaskKeys, BeforeValidator(ShortForm.read), ShortForm()]]
+TaskName = Annotated[str, BeforeValidator(_name)]
+Tasks = Annotated[dict[TaskName, Annotated[TaskKeys, BeforeValidator(ShortForm.read), ShortForm()]],
+                  NamedBy(TASK_NAME.pattern, max_length=64)]
 
 
 def tasks_of(tasks: dict[str, TaskKeys]) -> dict[str, Task]:
