@@ -19,7 +19,16 @@ from pydantic import Field
 
 from tflab.errors import UserError
 from tflab.plan import taskfile
-from tflab.plan.config import AUTO_BASE, DEFAULT_RUNS, LAB_FILE, PLACEHOLDERS, TARGETS, LabConfig, Packages, SwarmSettings
+from tflab.plan.config import (
+    AUTO_BASE,
+    DEFAULT_RUNS,
+    LAB_FILE,
+    PLACEHOLDERS,
+    TARGETS,
+    LabConfig,
+    Packages,
+    SwarmSettings,
+)
 from tflab.plan.labvalues import (
     AptPackages,
     CpuShare,
@@ -113,7 +122,8 @@ class ImageKeys(Section):
     """The image every node runs."""
 
     base: Annotated[ImageRef | None, Lands("base_image")] = AUTO_BASE
-    """The base image: auto (the official TensorFlow image where a registry answers, else tflab's own), official, local, or an image's name."""
+    """The base image: auto (the official TensorFlow image where a registry answers, else tflab's own), official,
+    local, or an image's name."""
     tensorflow: Annotated[TensorFlowPin | None, Lands("tensorflow")] = None
     """A TensorFlow version to pin, such as '2.15.0' (empty: the base's own)."""
     keras: Annotated[Keras | None, Lands("keras")] = None
@@ -215,7 +225,8 @@ MODELINE = f"# yaml-language-server: $schema={SCHEMA_FILE}"
 
 def json_schema() -> Json:
     """tflab.yaml's JSON Schema, from the model: what `tflab schema` prints and `gen` writes beside the file."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **LabFile.model_json_schema(), "title": "tflab.yaml"}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **LabFile.model_json_schema(),
+            "title": "tflab.yaml"}
 
 
 def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:

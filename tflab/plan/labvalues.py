@@ -39,7 +39,8 @@ def one_of(*choices: str) -> Any:
         if isinstance(value, str) and value.strip() and value not in choices:
             raise refused(f"{KEY} must be one of {', '.join(choices)}, not {value!r}")
         return value
-    return Annotated[str, StringConstraints(pattern=r"\S"), BeforeValidator(choose), WithJsonSchema({"enum": list(choices)})]
+    return Annotated[str, StringConstraints(pattern=r"\S"), BeforeValidator(choose),
+                     WithJsonSchema({"enum": list(choices)})]
 
 
 LabName = Annotated[Text, by(check_one_line)]
@@ -70,7 +71,8 @@ CpuShare = _share(shares.check_cpu_choice)
 MemoryShare = _share(shares.check_memory_choice)
 
 
-TensorFlowPin = Annotated[Text, AfterValidator(lambda value: ruled(lambda pin, _: check_tensorflow(pin), value, f"{KEY}: ")),
+TensorFlowPin = Annotated[Text, AfterValidator(lambda pin: ruled(lambda value, _: check_tensorflow(value), pin,
+                                                                 f"{KEY}: ")),
                           Field(description="a TensorFlow version, such as '2.15.0'")]
 Keras = Annotated[int, BeforeValidator(lambda value: ruled(check_keras, value)),
                   WithJsonSchema({"enum": [*KERAS_CHOICES, *map(str, KERAS_CHOICES)],
@@ -169,7 +171,8 @@ class HostKeys(Keys):
     numa: Annotated[dict[_number_key("must be a NUMA node number"), CpuList],  # type: ignore[valid-type]
                     NamedBy(NUMBER)] | None = None
     """Each NUMA node's CPUs."""
-    gpu_numa: Annotated[dict[_number_key(GPU_TO_NUMA), Annotated[int, BeforeValidator(_numa_of)]],  # type: ignore[valid-type]
+    gpu_numa: Annotated[dict[_number_key(GPU_TO_NUMA),  # type: ignore[valid-type]
+                             Annotated[int, BeforeValidator(_numa_of)]],
                         NamedBy(NUMBER)] | None = None
     """Each GPU's NUMA node."""
     memory_mib: Annotated[int, Field(ge=0)] | None = 0
