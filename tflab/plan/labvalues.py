@@ -9,6 +9,7 @@ file has which kind, and in what order the file writes them, is plan/labfile.py'
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, WithJsonSchema
@@ -142,10 +143,14 @@ def _cpus(value: Any) -> tuple[int, ...]:
         raise refused(f"{KEY} must be a CPU list such as 0-7,16-23, not {shown(value)}") from None
 
 
+NUMBER = "^[0-9]+$"  # a NUMA node's or a GPU's number, as a mapping's key (its JSON Schema says the same: NamedBy)
+GPU_TO_NUMA = "maps a GPU index to its NUMA node number"
+
+
 def _number_key(sentence: str) -> Any:
     """A mapping's key that is a number written as a text (`"0"`), as YAML keeps it for JSON."""
     def read(key: Any) -> Any:
-        if isinstance(key, str) and not (key.isascii() and key.isdigit()):
+        if isinstance(key, str) and not re.fullmatch(NUMBER, key):
             raise refused(f"{KEY} {sentence}")
         return key
     return Annotated[str, BeforeValidator(read)]
@@ -153,14 +158,12 @@ def _number_key(sentence: str) -> Any:
 
 def _numa_of(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise refused(f"{KEY} maps a GPU index to its NUMA node number")
+        raise refused(f"{KEY} {GPU_TO_NUMA}")
     return value
 
 
 CpuList = Annotated[tuple[int, ...], BeforeValidator(_cpus),
                     WithJsonSchema({"type": ["string", "integer"], "description": "a CPU list, such as 0-7,16-23"})]
-GPU_TO_NUMA = "maps a GPU index to its NUMA node number"
-NUMBER = "^[0-9]+$"  # a NUMA node's or a GPU's number, as a mapping's key
 
 
 class HostKeys(Keys):
