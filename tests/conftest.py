@@ -279,12 +279,6 @@ def module_labs(tmp_path_factory: pytest.TempPathFactory, docker_client, base_im
     factory.cleanup()
 
 
-# For a lab whose programs never import TensorFlow (shell lines, tests/programs' burn, blast, throughput): no
-# standby interpreter imports it for nothing, at `up` and again after each run that took one for a Python
-# program (about 3 CPU-s a node, on the CPUs the test runs or measures on). The labs that train keep the
-# default, as a user's do.
-NO_WARM = "--no-warm"
-
 # A task that trains until it is stopped.
 LONG = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "
         "--worker_hosts={worker_hosts} --log_dir={run_dir} --train_steps=100000000")
@@ -308,8 +302,7 @@ def up_long_lab(factory: LabFactory) -> Path:
 def long_lab(module_labs) -> Path:
     """up_long_lab's lab, shared by a module's tests: each ends with no task process left in it (every test
     of it asserts so), as a user's next run finds a lab after a stopped, killed or interrupted one. Sharing
-    it is that promise kept over the module, and it spares each test a lab of its own: its bring-up, and
-    the standbys a lab makes at `up` only to be torn down."""
+    it is that promise kept over the module, and it spares each test a lab of its own bring-up."""
     return up_long_lab(module_labs)
 
 

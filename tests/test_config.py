@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import cli
 
 from tflab.errors import UserError
@@ -21,7 +22,7 @@ def test_round_trip_keeps_everything() -> None:
         gpus=(Gpu(0, name="H100", memory_mib=81559), Gpu(1)), base_image=cfg.LOCAL_BASE,
         code="../code", data="../data", data_mode="mount", memlock=-1,
         tasks={"train": cfg.Task("train", "python t.py"), "pss": cfg.Task("pss", "python p.py", ("ps", "worker")),
-               "plain": cfg.Task("plain", "sh x.sh", preload=False)},
+               "plain": cfg.Task("plain", "sh x.sh", progress=r"step (?P<step>\d+)")},
         links=Links(rate="100mbit", delay_ms=5.0),
         target="swarm", swarm=cfg.SwarmSettings(place={"ps0": "host-a"}, registry="registry.example:5000"),
     )
@@ -93,7 +94,7 @@ BAD_FILES = [
 
     ("- just\n- a list", "must be a mapping of keys"),
     # every kind of value says its own sentence, at the key pydantic found it at (issue 55.8: one declared model)
-    ("warm: null", "tflab.yaml: warm must be true or false, not null"),
+    ("faults: null", "tflab.yaml: faults must be true or false, not null"),
     ("topology: {nodes: null}", "tflab.yaml: topology.nodes must be a whole number, not null"),
     ("topology: {nodes: 5000}", "topology.nodes must be at most 4096, not 5000"),
     ("topology: {cpus_per_node: x}", "topology.cpus_per_node 'x' is not auto, 0, or a number of CPUs"),
@@ -177,10 +178,35 @@ def test_unknown_task_names_the_known_ones_and_bad_names_are_refused() -> None:
 
 
 def test_tasks_keep_their_short_form_when_it_says_everything() -> None:
-    tasks = {"a": cfg.Task("a", "x"), "b": cfg.Task("b", "y", ("ps", "worker")), "c": cfg.Task("c", "z", preload=False)}
+    tasks = {"a": cfg.Task("a", "x"), "b": cfg.Task("b", "y", ("ps", "worker")), "c": cfg.Task("c", "z", batch="64")}
     assert taskfile.dump_tasks(tasks) == {
-        "a": "x", "b": {"command": "y", "servers": ["ps", "worker"]}, "c": {"command": "z", "preload": False},
+        "a": "x", "b": {"command": "y", "servers": ["ps", "worker"]}, "c": {"command": "z", "batch": 64},
     }
+
+
+def test_an_earlier_tflabs_warm_settings_are_read_with_one_note_and_never_written_again(runner, tmp_path: Path) -> None:
+    """A lab written when nodes kept a warm interpreter (`warm:`, a task's `preload:`) still works: the keys are read
+    and ignored, `tflab status` says so in one line, and the file written back no longer names them."""
+    lab = tmp_path / "lab"
+    made = runner.invoke(cli, ["gen", "--lab", str(lab), "--nodes", "2", "--gpus-per-node", "0"])
+    assert made.exit_code == 0, made.output
+    path = lab / "tflab.yaml"
+    text = path.read_text().replace("tasks:\n", "warm: false\ntasks:\n  old: {command: python x.py, preload: false}\n")
+    path.write_text(text)
+    assert labfile.retired_keys(text) == ["warm", "tasks.old.preload"]
+    config = labfile.from_yaml(text)
+    assert config.tasks["old"] == cfg.Task("old", "python x.py")
+    written = labfile.to_yaml(config)
+    assert "warm" not in yaml.safe_load(written) and "preload" not in written
+    listed = runner.invoke(cli, ["runs", "--lab", str(lab)])
+    assert listed.exit_code == 0, listed.output
+    notes = [line for line in listed.stderr.splitlines() if "no longer" in line]
+    assert notes == [f"tflab: note: `warm`, `tasks.old.preload` in {path} no longer do anything: every program "
+                     "starts cold, as on a cluster's machine (remove them to silence this note)"]
+    again = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "other"), "--nodes", "2", "--gpus-per-node", "0",
+                                "--no-warm"])
+    assert again.exit_code == 0 and "tflab: note: --no-warm no longer does anything: every program starts cold" in \
+        again.stderr
 
 
 def test_a_moved_lab_keeps_its_project_and_a_copy_beside_it_gets_its_own(runner, tmp_path: Path, monkeypatch) -> None:
@@ -207,6 +233,7 @@ def test_the_schema_describes_every_setting_of_a_lab_once() -> None:
     import dataclasses
 
     from tflab.plan.labfile import PARTS, LabFile, lands, sections
+    from tflab.plan.strictyaml import retired
 
     keys = [*lands(LabFile).values(), *(where for kind in sections().values() for where in lands(kind).values())]
     attrs = [where.attr for where in keys]
@@ -219,7 +246,7 @@ def test_the_schema_describes_every_setting_of_a_lab_once() -> None:
             expected.add(field.name)
     assert set(attrs) == expected
     declared = {*lands(LabFile), *sections()}
-    assert declared == set(LabFile.model_fields), "a key of the file that lands nowhere"
+    assert declared == set(LabFile.model_fields) - set(retired(LabFile)), "a key of the file that lands nowhere"
     assert all(set(lands(kind)) == set(kind.model_fields) for kind in sections().values())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import NO_WARM, cli
+from conftest import cli
 from test_docker_run import add_tasks
 
 from tflab.cli.fault import injector
@@ -139,7 +139,7 @@ def test_faults_by_hand_and_clear_leaves_nothing(drill_lab: Path, runner, docker
 
 
 def test_network_faults_need_a_lab_made_for_them(labs, runner) -> None:
-    lab = labs.gen(NO_WARM, nodes=2)
+    lab = labs.gen(nodes=2)
     assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
     result = runner.invoke(cli, ["fault", "cut", "worker0", "--lab", str(lab)])
     assert result.exit_code == 2

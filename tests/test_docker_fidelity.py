@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import NO_WARM, REPO, cli
+from conftest import REPO, cli
 from test_docker_run import add_tasks
 
 from tflab.host import labfiles
@@ -41,7 +41,7 @@ def run(runner, lab: Path, task: str) -> str:
 
 
 def test_a_link_holds_its_rate_both_ways_and_is_named_the_limit(labs, runner) -> None:
-    lab = labs.gen("--link-rate", "20mbit", NO_WARM, nodes=4, code=PROGRAMS)
+    lab = labs.gen("--link-rate", "20mbit", nodes=4, code=PROGRAMS)
     add_tasks(lab, {"into": "python /workspace/blast.py in {job_name} {node} 8 3",
                     "from": "python /workspace/blast.py out {job_name} {node} 8 3"})
     up(runner, lab)
@@ -81,9 +81,9 @@ def test_a_starved_parameter_server_is_the_limit_and_the_host_is_not_blamed(labs
 
 
 def test_busy_nodes_without_shares_on_a_smaller_host_blame_the_host(labs, runner) -> None:
-    lab = labs.gen("--cpus-per-node", "0", NO_WARM, nodes=4, code=PROGRAMS)
+    lab = labs.gen("--cpus-per-node", "0", nodes=4, code=PROGRAMS)
     # the host smaller than the four nodes' work, whatever its CPUs: each node burns one more than its quarter,
-    # for 20 s: start-up (a late release) is a small part of the training; no standby imports TensorFlow beside it
+    # for 20 s: start-up (a late release) is a small part of the training
     each = len(labfiles.open_lab(lab).config.host.cpus) // 4 + 1
     add_tasks(lab, {"burn": f"python /workspace/burn.py {{job_name}} 20 {each}"})
     up(runner, lab)

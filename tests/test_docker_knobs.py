@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import NO_WARM, cli
+from conftest import cli
 from test_docker_run import add_tasks, exec_quiet, lab_containers
 
 from tflab.host import labfiles
@@ -53,7 +53,7 @@ def probe_lines(output: str, node: str) -> dict[str, str]:
 def knob_lab(module_labs) -> Path:
     """A running lab of ps0 and three workers with NET_ADMIN (--faults), unshaped and with no CPU quota, shared by
     the module's tests: each ends asserting that every node is back as the lab says."""
-    lab = module_labs.gen("--faults", "--cpus-per-node", "0", NO_WARM, nodes=4)
+    lab = module_labs.gen("--faults", "--cpus-per-node", "0", nodes=4)
     add_tasks(lab, {"probe": SERVE + PROBE, "wait": SERVE + PROBE + "; sleep 300"})
     up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
@@ -147,8 +147,7 @@ print("onednn=%s env=%s threads=%s" % (_pywrap_util_port.IsMklEnabled(), os.envi
 
 
 def test_env_and_cpus_reach_the_program_as_a_cold_start_would(labs, runner) -> None:
-    """A warm interpreter imported TensorFlow before a run's --env was set: TF_ENABLE_ONEDNN_OPTS would be
-    ignored there (TensorFlow read it as it was imported). A run that sets variables starts its programs cold.
+    """TensorFlow reads TF_ENABLE_ONEDNN_OPTS as it is imported: a run's --env reaches the program's own import.
 
     TensorFlow's default depends on the CPU (on with AVX-512, off without): the plain run tells it, and the
     run with --env asks for the other."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 import yaml
-from conftest import NO_WARM, cli
+from conftest import cli
 
 from tflab.engine.containers import SSHD_LISTENS, lab_containers
 from tflab.host import labfiles
@@ -111,7 +111,7 @@ def test_four_node_lab_end_to_end(labs, runner, tmp_path: Path) -> None:
 
 
 def test_two_labs_side_by_side(labs, runner) -> None:
-    first, second = labs.gen(NO_WARM, nodes=2), labs.gen(NO_WARM, nodes=2)
+    first, second = labs.gen(nodes=2), labs.gen(nodes=2)
     for lab in (first, second):
         assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
     one, two = labfiles.open_lab(first), labfiles.open_lab(second)
@@ -142,7 +142,7 @@ def test_two_labs_side_by_side(labs, runner) -> None:
 
 
 def test_exec_of_unknown_node_or_task_is_one_line(labs, runner) -> None:
-    lab = labs.gen(NO_WARM, nodes=2)
+    lab = labs.gen(nodes=2)
     assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
     node = runner.invoke(cli, ["exec", "--lab", str(lab), "worker7", "--", "true"])
     assert node.exit_code == 2
@@ -181,7 +181,7 @@ def node_config(client, project: str, node: str) -> dict:
 
 
 def test_tflab_starts_the_nodes_plain_docker_compose_would(labs, runner, compose_argv) -> None:
-    lab = labs.gen("--link-rate", "1gbit", NO_WARM, nodes=2)
+    lab = labs.gen("--link-rate", "1gbit", nodes=2)
     lf = labfiles.open_lab(lab)
     assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
     ours = {node: node_config(labs.client, lf.project, node) for node in lf.lab.names}

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NO_WARM, REPO, cli
+from conftest import REPO, cli
 
 from tflab.engine.containers import probe_qdiscs
 from tflab.host import labfiles
@@ -44,8 +44,8 @@ def throughput(lab: Path, megabytes: int = 50, during=None) -> float:
 
 
 def test_a_shaped_link_runs_at_its_rate_and_an_unshaped_one_far_faster(labs, runner) -> None:
-    shaped = labs.gen("--link-rate", "100mbit", NO_WARM, nodes=2, code=PROGRAMS)
-    plain = labs.gen(NO_WARM, nodes=2, code=PROGRAMS)
+    shaped = labs.gen("--link-rate", "100mbit", nodes=2, code=PROGRAMS)
+    plain = labs.gen(nodes=2, code=PROGRAMS)
     for lab in (shaped, plain):
         up = runner.invoke(cli, ["up", "--lab", str(lab)])
         assert up.exit_code == 0, up.stderr
@@ -73,7 +73,7 @@ def test_a_shaped_link_runs_at_its_rate_and_an_unshaped_one_far_faster(labs, run
 
 def test_a_delay_is_applied_or_refused_at_up_with_the_reason(labs, runner, docker_client, base_image) -> None:
     offered = probe_qdiscs(docker_client, base_image)
-    lab = labs.gen("--link-delay", "5", NO_WARM, nodes=2, code=PROGRAMS)
+    lab = labs.gen("--link-delay", "5", nodes=2, code=PROGRAMS)
     project = labfiles.open_lab(lab).project
     up = runner.invoke(cli, ["up", "--lab", str(lab)])
     if offered.get("netem") is None:

@@ -53,9 +53,9 @@ SWEEP = ("for f in /run/tflab/run:*.pid /run/tflab/exec:*.pid /run/tflab/serve:*
 
 
 def task_processes(client, project: str) -> dict[str, str]:
-    """Every node's processes but its own: init, sshd, the standby interpreter, an exec being set up.
+    """Every node's processes but its own: init, sshd, an exec being set up.
 
-    A standby's pid in a task's pid file (a program running in it) counts. A process already
+    A process already
     exiting (its memory gone: `ps` shows its name in brackets) is looked at again a moment later:
     a guard that has just told tflab its program's end may still be on its way out, a leak is not.
     """
@@ -74,21 +74,16 @@ def _task_processes(client, project: str) -> dict[str, str]:
         if container.status != "running":
             continue  # a stopped node runs nothing
         _, out = exec_quiet(client, container, ["sh", "-c", SWEEP])
-        tasks, listing = out.split("--\n", 1)
-        busy = set(tasks.split())
+        _, listing = out.split("--\n", 1)
         rest = []
         for line in listing.splitlines():
             pid, state, args = (line.split(None, 2) + ["", ""])[:3]
             if state.startswith("Z"):
-                continue  # exited, not yet reaped by its parent: it runs nothing (a standby request that found one)
+                continue  # exited, not yet reaped by its parent: it runs nothing
             # sshd's own: the daemon, and the child it forks for each connection (an ssh session's)
             if not args or args.startswith(("/sbin/docker-init", "sshd", "/usr/sbin/sshd", "ps -eo", "sh -c for f in",
                                             "runc init")):
                 continue
-            if args.startswith("python3 /usr/local/share/tflab/guard.pyz standby") and pid not in busy:
-                continue
-            if args.startswith("tflab-guard standby owner"):
-                continue  # the standby's parent, which waits for it to leave (a claim's owner is titled "warm owner")
             if args.startswith("python3 /usr/local/share/tflab/guard.pyz") and (
                     {"ended", "delivered"} & set(args.split())):
                 continue  # tflab asking how a process ended, or telling the node it read all its output

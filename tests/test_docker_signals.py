@@ -156,7 +156,8 @@ def test_a_detached_run_outlives_its_terminal_and_can_be_followed_and_stopped(ru
 
 
 def test_ps_in_a_node_shows_the_training_programs_own_command_line(long_lab: Path, docker_client) -> None:
-    """The seed's troubleshooting line, `ps -ef | grep mnist_async.py`, finds the program (run in the warm interpreter)."""
+    """The seed's troubleshooting line, `ps -ef | grep mnist_async.py`, finds the program: its own command line, the
+    child of `tflab-guard run KEY`, as a cluster's machine shows it."""
     lf = labfiles.open_lab(long_lab)
     child = start_run(long_lab, "long")
     read_until(child, "worker0: first step done")
@@ -168,6 +169,8 @@ def test_ps_in_a_node_shows_the_training_programs_own_command_line(long_lab: Pat
     expected = ("python /workspace/mnist_async.py --job_name=worker --task_index=0 --ps_hosts=ps0:2222 "
                 "--worker_hosts=worker0:2222,worker1:2222 --log_dir=/runs/long --train_steps=100000000")
     assert rows.get(program) == ["python", expected], listing
+    _, parent = exec_quiet(docker_client, worker0, ["sh", "-c", f"ps -o args= -p $(ps -o ppid= -p {program})"])
+    assert parent.strip() == "tflab-guard run run:long:worker0", parent
     _, stat = exec_quiet(docker_client, worker0, ["sh", "-c", f"top -b -n 1 -p {program} | tail -n 1"])
     assert stat.split()[-1] == "python", stat  # what `top` shows, the CPU and memory of the program
     child.send_signal(signal.SIGINT)

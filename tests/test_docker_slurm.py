@@ -74,7 +74,7 @@ def left_on_nodes(name: str, nodes: int) -> dict[str, list[str]]:
 def cluster(labs, runner):
     """A Slurm cluster of four compute nodes sized as a 4-node lab's nodes, the labs' folder shared; and the lab."""
     lab = labs.gen(nodes=4)
-    add_tasks(lab, {"fail": {"command": FAIL, "preload": False}, "hang": {"command": HANG, "preload": False}})
+    add_tasks(lab, {"fail": FAIL, "hang": HANG})
     # its node image, built as `up` builds it (no node of it runs: the jobs run on the cluster's)
     built = runner.invoke(cli, ["build", "--lab", str(lab)])
     assert built.exit_code == 0, built.stdout + built.stderr

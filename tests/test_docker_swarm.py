@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import NO_WARM, REPO, cli
+from conftest import REPO, cli
 from test_docker_run import lines_of
 
 from tflab.host import labfiles
@@ -86,7 +86,7 @@ def test_three_workers_into_one_node_share_its_link_on_a_swarm_too(swarm, labs, 
 
     from test_docker_run import add_tasks
 
-    lab = labs.gen("--target", "swarm", "--bind", "0.0.0.0", "--link-rate", "20mbit", NO_WARM, nodes=4,
+    lab = labs.gen("--target", "swarm", "--bind", "0.0.0.0", "--link-rate", "20mbit", nodes=4,
                    code=REPO / "tests" / "programs")
     add_tasks(lab, {"into": "python /workspace/blast.py in {job_name} {node} 8 3",
                     "from": "python /workspace/blast.py out {job_name} {node} 8 3"})

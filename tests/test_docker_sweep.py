@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import NO_WARM, cli
+from conftest import cli
 from test_docker_run import add_tasks
 
 from tflab.run import runreport
@@ -31,12 +31,10 @@ SERVE = "if [ {job_name} = ps ]; then exec python -m http.server 2222; fi; "
 
 @pytest.fixture(scope="module")
 def sweep_lab(module_labs) -> Path:
-    """ps0 and three workers, shared by the module's tests (each sweep has a name, and a folder, of its own).
-    The stand-ins never import TensorFlow: no standby imports it at `up` beside the first points."""
-    lab = module_labs.gen(NO_WARM, nodes=4)
-    add_tasks(lab, {"steps": {"command": SERVE + STEPS.replace("{STEPS_N}", "80"), "batch": "{BATCH}",
-                              "preload": False},
-                    "slow": {"command": SERVE + STEPS.replace("{STEPS_N}", "100"), "preload": False}})
+    """ps0 and three workers, shared by the module's tests (each sweep has a name, and a folder, of its own)."""
+    lab = module_labs.gen(nodes=4)
+    add_tasks(lab, {"steps": {"command": SERVE + STEPS.replace("{STEPS_N}", "80"), "batch": "{BATCH}"},
+                    "slow": SERVE + STEPS.replace("{STEPS_N}", "100")})
     up = CliRunner(mix_stderr=False).invoke(cli, ["up", "--lab", str(lab)])
     assert up.exit_code == 0, up.stderr
     return lab

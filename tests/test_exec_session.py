@@ -96,7 +96,7 @@ def setup(tmp_path: Path, node: str = "worker1", servers=("ps0",), plan: RunPlan
     return ExecSetup(task="train", node=node, servers=servers,
                      commands={"ps0": "python ps.py", "worker0": "python w.py", "worker1": "python w.py"},
                      env={}, lock=tmp_path / "state" / "exec-train.lock", records=tmp_path / "state" / "execs" / "train",
-                     runs_dir=tmp_path / "runs", plan=plan, resume=resume, warm=False)
+                     runs_dir=tmp_path / "runs", plan=plan, resume=resume)
 
 
 def session(tmp_path: Path, nodes: FakeNodes, **kw) -> tuple[ExecSession, list[str]]:

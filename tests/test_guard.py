@@ -1,4 +1,4 @@
-"""The in-node guard (guard.pyz, as nodes get it) run here: held starts, preloading, stops, leases, probes.
+"""The in-node guard (guard.pyz, as nodes get it) run here: held starts, cold programs, stops, leases, probes.
 
 Every test runs under this Python and under the oldest one the machine has (pyenv's 3.6, the
 Python of TensorFlow 1.15's images) where it is installed.
@@ -58,11 +58,6 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "state"
     monkeypatch.setenv("TFLAB_GUARD_STATE", str(folder))
     yield folder
-    # a standby a warm run's guard made as it ended (it stays until unclaimed for its idle time): gone with the test
-    record = folder / "standby.pid"
-    if record.exists():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            os.killpg(int(record.read_text().split()[0]), signal.SIGKILL)
 
 
 @pytest.fixture
@@ -330,27 +325,6 @@ def test_a_look_at_a_lease_after_a_freeze_waits_for_the_renewals_that_queued() -
     assert watch.lapsed()  # three renewals' time and still none: tflab is gone
 
 
-def test_preload_imports_tensorflow_while_held_then_runs_the_program_as_main(guard, python: Path, env,
-                                                                            tmp_path: Path) -> None:
-    env = fake_tensorflow(tmp_path, env)
-    program = tmp_path / "prog" / "train.py"
-    program.parent.mkdir()
-    (program.parent / "helper.py").write_text("VALUE = 42\n")
-    program.write_text(
-        "import os, sys\nimport tensorflow as tf\nimport helper\n"
-        "print('main' if __name__ == '__main__' else __name__, sys.argv, tf.__version__, helper.VALUE)\n"
-        "print(open('/proc/%d/cmdline' % os.getpid(), 'rb').read().rstrip(b'\\0').decode())\n"
-        "sys.exit(3)\n"
-    )
-    child = guard("run", "k:pre", "--wait-for-go", "--preload", "--shell", f"{python.name} {program} --job_name=worker x",
-                  env=env)
-    assert wait_for((tmp_path / "imported").exists), "TensorFlow is imported while the process is held"
-    out = released(child).splitlines()
-    assert out[0] == f"main ['{program}', '--job_name=worker', 'x'] fake 42"
-    assert out[1] == f"{python.name} {program} --job_name=worker x", "ps shows the program's own command line"
-    assert child.returncode == 3
-
-
 def test_probe_waits_for_a_port_and_tells_an_ended_server(verb, state: Path) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -414,16 +388,6 @@ def test_a_probe_past_its_timeout_tells_a_server_busy_starting_from_a_stuck_one(
             child.kill()
             child.wait(timeout=10)
             child.stdin.close()
-
-
-def test_a_probe_counts_the_standby_a_warm_server_waits_for_as_its_work(
-        python: Path, zipapp: Path, env, state: Path, tmp_path: Path) -> None:
-    """A warm server whose node's standby still imports TensorFlow has no process of its own yet: the import is
-    its start, and a probe past its timeout calls it busy, not stuck."""
-    env = slow_tensorflow(tmp_path, env, "busy")
-    with importing_standby(python, zipapp, env, state):
-        code, out = probe_answer(python, zipapp, env, "--key", "run:t:ps0", "--timeout", "1.5", "--quiet", "1")
-    assert code == 5 and out.startswith("busy "), (code, out)
 
 
 def test_a_shared_server_lives_while_someone_holds_it(guard, verb, python: Path, zipapp: Path, env, state: Path,
@@ -507,257 +471,29 @@ def test_two_stops_at_once_both_finish_cleanly(python: Path, zipapp: Path, env, 
         assert len(list(state.glob(f"run:t{round_}:*.exit"))) == 300, "how they ended is kept for tflab to read"
 
 
-def test_a_warm_program_is_a_copy_of_the_standby_with_its_environment_output_and_title(
-        guard, verb, standbys, python: Path, env, tmp_path: Path) -> None:
-    env = fake_tensorflow(tmp_path, env)
-    standby = standbys(env)
-    program = tmp_path / "prog.py"
-    program.write_text(
-        "import os, sys\nimport tensorflow\n"
-        "print(os.getpid(), tensorflow.IMPORTED_IN, os.environ['ONLY_HERE'], os.getcwd(), sys.argv[1:], __name__,"
-        " os.getppid(), open('/proc/%d/stat' % os.getppid()).read().rsplit(')', 1)[1].split()[1], sep='|')\n"
-        "print(open('/proc/%d/cmdline' % os.getpid(), 'rb').read().rstrip(b'\\0').decode(), flush=True)\n"
-        "sys.stderr.write('to stderr\\n')\nsys.exit(5)\n"
-    )
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    for round_ in range(2):  # the standby stays: the next program is warm at once
-        child = guard("run", f"run:t:worker{round_}", "--warm", "--shell", f"{python.name} {program} a 'b c'",
-                      env={**env, "ONLY_HERE": "task-env"}, cwd=cwd)
-        out = released(child)
-        assert child.returncode == 5
-        lines = [line for line in out.splitlines() if line != "to stderr"]  # stdout and stderr are two streams
-        assert "to stderr" in out.splitlines()
-        pid, imported, only, where, argv, name, parent, grandparent = lines[0].split("|")
-        assert imported == str(standby.pid) != pid, "TensorFlow was imported before, by the standby"
-        assert grandparent == str(standby.pid), "its parent, its owner, is the standby's child"
-        assert (only, where, argv, name) == ("task-env", str(cwd), "['a', 'b c']", "__main__")
-        assert lines[1] == f"{python.name} {program} a 'b c'", "ps shows the program, not tflab's standby"
-        assert wait_for(lambda: not running(int(parent))), "its owner leaves once it has recorded the end"
-        assert Ending.from_json((tmp_path / "state" / f"run:t:worker{round_}.exit").read_text()) == Ending(
-            5, None, "exited")
-        assert verb("warm", env=env) == 0, "still there for the next program"
-
-
-def test_one_standby_per_node_and_programs_at_once_all_start_warm(guard, verb, standbys, python: Path, zipapp: Path,
-                                                                   env, state: Path, tmp_path: Path) -> None:
-    env = fake_tensorflow(tmp_path, env)
-    standby = standbys(env)
-    others = [subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-              for _ in range(2)]
-    assert [other.wait(timeout=30) for other in others] == [0, 0], "the others left at once"
-    assert children_of(standby.keeper.pid) == [standby.pid]
-    program = tmp_path / "prog.py"
-    program.write_text("import os, time\nimport tensorflow\ntime.sleep(1)\n"
-                       "print(tensorflow.IMPORTED_IN != os.getpid())\n")
-    children = [guard("run", f"run:t:worker{i}", "--warm", "--shell", f"{python.name} {program}", env=env)
-                for i in range(3)]
-    outputs = [ended(child) for child in children]
-    assert [child.returncode for child in children] == [0, 0, 0], outputs
-    assert outputs == ["True\n", "True\n", "True\n"], "each ran as a copy of the standby, none importing anew"
-    assert (tmp_path / "imported").read_text() == "x"
-
-
-def test_a_forked_program_draws_its_own_random_numbers(guard, standbys, python: Path, env, tmp_path: Path) -> None:
-    """Two programs from one standby do not repeat each other's draws (Python's generator; NumPy's global one where
-    NumPy is there), as two programs started anew would not."""
-    env = fake_tensorflow(tmp_path, env)
-    init = tmp_path / "site" / "tensorflow" / "__init__.py"
-    # TensorFlow imports NumPy (its global generator seeded then), where this interpreter has it.
-    init.write_text("import random\ntry:\n    import numpy.random\nexcept ImportError:\n    pass\n" + init.read_text())
-    standbys(env)
-    program = tmp_path / "draw.py"
-    program.write_text("import os, random\nimport tensorflow\ntry:\n    import numpy\n    n = numpy.random.random()\nexcept ImportError:\n"
-                       "    n = None\nprint(random.random(), n, tensorflow.IMPORTED_IN != os.getpid())\n")
-    draws = []
-    for i in range(2):
-        child = guard("run", f"run:t:worker{i}", "--warm", "--shell", f"{python.name} {program}", env=env)
-        draws.append(ended(child))
-    (python_draws, numpy_draws, warm) = zip(*(draw.split() for draw in draws))
-    assert warm == ("True", "True"), "both ran warm"
-    assert python_draws[0] != python_draws[1], draws
-    assert numpy_draws == ("None", "None") or numpy_draws[0] != numpy_draws[1], draws
-
-
-def test_without_a_standby_a_warm_run_starts_as_usual_and_a_stopped_one_ends(guard, verb, standbys, python: Path,
-                                                                            env, tmp_path: Path) -> None:
-    env = fake_tensorflow(tmp_path, env)
-    assert verb("warm", env=env) == 2, "no standby in this node"
-    done = guard("run", "run:t:worker1", "--warm", "--shell", "echo plain", env=env)
-    assert released(done) == "plain\n" and done.returncode == 0
-    assert wait_for(lambda: verb("warm", env=env) == 0), "the next program finds one: its guard made it as it ended"
-    standby = standbys(env)  # (that one: a node has one at a time)
-    program = tmp_path / "forever.py"
-    program.write_text("import time\nimport tensorflow\nprint('up', flush=True)\ntime.sleep(300)\n")
-    child = guard("run", "run:t:worker2", "--warm", "--grace", "0.5", "--shell", f"{python.name} {program}", env=env)
-    assert child.stdout.readline() == "up\n"
-    (warm,) = standby.programs()
-    assert cmdline(warm) == f"{python.name} {program}"
-    child.stdin.close()  # tflab goes away: its lease lapses
-    assert child.wait(timeout=LEASE_S + 10) == 143
-    assert wait_for(lambda: not running(warm) and not standby.programs())
-    assert Ending.from_json((tmp_path / "state" / "run:t:worker2.exit").read_text()) == Ending(143, "SIGTERM", "lease")
-    assert verb("warm", env=env) == 0, "the standby itself goes on"
-
-
-SETS_BEFORE_IMPORT = """import os, sys
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as programs written for Keras 2 do
-import tensorflow
-print("keras at import:", tensorflow.LEGACY_KERAS, "| imported by this process:", tensorflow.IMPORTED_IN == os.getpid(),
-      "| argv:", sys.argv[1:], "| folder:", os.getcwd(), flush=True)
-sys.exit(4)
-"""
-
-
-@pytest.mark.parametrize("mode", ["cold", "warm", "preload"])
-def test_a_program_that_sets_an_import_time_variable_gets_what_a_cold_start_gives_it(
-        guard, standbys, python: Path, env, state: Path, tmp_path: Path, mode: str) -> None:
-    """A program that sets TF_USE_LEGACY_KERAS before it imports TensorFlow: run cold, it is read at the import; handed
-    to the warm interpreter (or preloaded), TensorFlow was imported before it ran, so it is started again in a new
-    interpreter, says so, and prints what it prints cold. Its ending is its own."""
-    env = fake_tensorflow(tmp_path, env)
-    init = tmp_path / "site" / "tensorflow" / "__init__.py"
-    init.write_text("import os\nLEGACY_KERAS = os.environ.get('TF_USE_LEGACY_KERAS')\n" + init.read_text())
-    program = tmp_path / "prog" / "keras2.py"
-    program.parent.mkdir()
-    program.write_text(SETS_BEFORE_IMPORT)
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    if mode == "warm":
-        standbys(env)
-    options = {"cold": [], "warm": ["--warm"], "preload": ["--wait-for-go", "--preload"]}[mode]
-    child = guard("run", f"run:t:{mode}", *options, "--shell", f"{python.name} {program} a 'b c'", env=env, cwd=cwd,
-                  stderr=subprocess.PIPE)
-    out = released(child) if mode == "preload" else ended(child)
-    said = child.stderr.read()
-    assert out == f"keras at import: 1 | imported by this process: True | argv: ['a', 'b c'] | folder: {cwd}\n"
-    assert child.returncode == 4
-    assert Ending.from_json((state / f"run:t:{mode}.exit").read_text()) == Ending(4, None, "exited")
-    if mode == "cold":
-        assert said == ""
-    else:
-        assert said == ("tflab: keras2.py sets TF_USE_LEGACY_KERAS before it imports TensorFlow: started again in a new "
-                        "Python, as a cluster's machine runs it (this node's warm interpreter had imported TensorFlow "
-                        "without it)\n")
-
-
-def test_what_a_program_sets_after_its_import_or_that_changes_nothing_keeps_it_warm(
-        guard, standbys, python: Path, env, tmp_path: Path) -> None:
-    """Only a change before the import starts a program again: a variable set to the value it has, one read later
-    (TF_CONFIG), the log level, anything set once TensorFlow is imported, and other variables leave it warm."""
-    env = fake_tensorflow(tmp_path, {**env, "TF_XLA_FLAGS": "--x"})
-    standbys(env)
-    program = tmp_path / "late.py"
-    program.write_text(
-        "import os\nos.environ['TF_XLA_FLAGS'] = '--x'\nos.environ['TF_CONFIG'] = '{}'\n"
-        "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\nos.environ['GREETING'] = 'hi'\n"
-        "from tensorflow import IMPORTED_IN\nos.environ['TF_USE_LEGACY_KERAS'] = '1'\ndel os.environ['TF_XLA_FLAGS']\n"
-        "import tensorflow\nprint(IMPORTED_IN != os.getpid(), os.environ['TF_USE_LEGACY_KERAS'])\n")
-    child = guard("run", "run:t:late", "--warm", "--shell", f"{python.name} {program}", env=env, stderr=subprocess.PIPE)
-    assert ended(child) == "True 1\n" and child.returncode == 0
-    assert child.stderr.read() == "", "no word of a new start: it ran warm"
-
-
-class Standby:
-    """A standby started for a test: `keeper` is the process started (its parent), `pid` the interpreter."""
-
-    def __init__(self, keeper: subprocess.Popen, pid: int) -> None:
-        self.keeper, self.pid = keeper, pid
-
-    def programs(self) -> list[int]:
-        """The programs forked from it now running (each its claim's owner's child)."""
-        return [pid for owner in children_of(self.pid) for pid in children_of(owner)]
-
-
-@pytest.fixture
-def standbys(python: Path, zipapp: Path, verb, state: Path):
-    """Start a standby in `env` (`standbys(env)`), ready once returned; every one started ends after the test
-    (a standby stays until it is unclaimed for its idle time)."""
-    started: list[subprocess.Popen] = []
-
-    def start(env: dict[str, str], idle: float = 60) -> Standby:
-        keeper = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", str(idle)], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        started.append(keeper)
-        assert wait_for(lambda: verb("warm", env=env) == 0)
-        return Standby(keeper, int((state / "standby.pid").read_text().split()[0]))
-
-    yield start
-    for keeper in started:
-        for pid in children_of(keeper.pid):
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-        keeper.kill()
-        keeper.wait(timeout=10)
-
-
-def slow_tensorflow(tmp_path: Path, env: dict[str, str], how: str) -> dict[str, str]:
-    """fake_tensorflow, whose import takes long: `busy` computes for a minute (its CPU time grows, as a real
-    import's does on a sliver of a CPU), `asleep` waits 5 s using no CPU (an import that no longer moves)."""
-    env = fake_tensorflow(tmp_path, env)
-    init = tmp_path / "site" / "tensorflow" / "__init__.py"
-    slow = "began = time.time()\nwhile time.time() - began < 60: pass\n" if how == "busy" else "time.sleep(5)\n"
-    init.write_text("import time\n" + slow + init.read_text())
-    return env
-
-
-@contextlib.contextmanager
-def importing_standby(python: Path, zipapp: Path, env: dict[str, str], state: Path):
-    """A standby started and seen importing (its record written); killed, its interpreter too, at the end."""
-    owner = subprocess.Popen([str(python), str(zipapp), "standby", "--idle", "60"], env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    record = state / "standby.pid"
-    try:
-        assert wait_for(record.exists), "the standby never began its import"
-        yield owner
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.killpg(int(record.read_text().split()[0]), signal.SIGKILL)
-        owner.kill()
-        owner.wait(timeout=10)
-
-
-def test_a_killed_standby_leaves_no_word_that_the_next_is_ready(verb, standbys, python: Path, zipapp: Path, env,
-                                                               state: Path, tmp_path: Path) -> None:
-    """The out-of-memory killer ends the standby first: its socket stays behind, and the standby made next must not
-    be said ready (`warm` 0) while it still imports (a `fault cpu` and a sweep wait on that word)."""
-    env = fake_tensorflow(tmp_path, env)
-    first = standbys(env)
-    os.killpg(first.pid, signal.SIGKILL)
-    assert wait_for(lambda: not running(first.pid)) and (state / "standby.sock").exists()
-    init = tmp_path / "site" / "tensorflow" / "__init__.py"
-    init.write_text("import time\nbegan = time.time()\nwhile time.time() - began < 60: pass\n" + init.read_text())
-    with importing_standby(python, zipapp, env, state):
-        assert wait_for(lambda: verb("warm", env=env) == 1), "the next one, importing"
-        time.sleep(1)
-        assert verb("warm", env=env) == 1
-
-
 def test_a_record_written_while_a_reader_looks_is_never_removed_by_it(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """`warm`, `probe` and `stop` read pid files while a standby or a program writes its own. A reader that found no
-    file, or a dead process's record, must not remove the record written in the meantime: a fresh clone's unit run
-    saw a standby that was never said ready, its record removed by a `warm` that had looked a moment too early."""
+    """`probe`, `alive` and `stop` read pid files while a program's guard writes its own. A reader that found no
+    file, or a dead process's record, must not remove the record written in the meantime."""
     from tflab_guard import registry
 
     monkeypatch.setattr(registry, "STATE", str(tmp_path))
-    path = Path(registry.pid_path("standby"))
+    path = Path(registry.pid_path("run:t:worker0"))
     real_open = open
 
     def written_just_after_the_look(file, *args, **kw):  # the reader finds no file; the writer's record lands
         if Path(file) == path and not path.exists():
-            registry.write_pid("standby", os.getpid())
+            registry.write_pid("run:t:worker0", os.getpid())
             raise FileNotFoundError(file)
         return real_open(file, *args, **kw)
 
     monkeypatch.setattr(registry, "open", written_just_after_the_look, raising=False)
-    assert registry.read_pid("standby") is None
+    assert registry.read_pid("run:t:worker0") is None
     monkeypatch.undo()
     monkeypatch.setattr(registry, "STATE", str(tmp_path))
-    assert registry.read_pid("standby") == os.getpid(), "the record written meanwhile stays"
+    assert registry.read_pid("run:t:worker0") == os.getpid(), "the record written meanwhile stays"
 
-    # A dead standby's record, replaced by the next one's between the read and the removal.
+    # A dead program's record, replaced by the next one's between the read and the removal.
     path.write_text(f"{os.getpid()} 1\n")  # this pid, another start time: a process that has ended
     real_start_time = registry.start_time
 
@@ -770,73 +506,67 @@ def test_a_record_written_while_a_reader_looks_is_never_removed_by_it(tmp_path: 
         return real_start_time(pid)
 
     monkeypatch.setattr(registry, "start_time", replaced_after_the_read)
-    assert registry.read_pid("standby") is None, "what it read was a dead process's"
-    assert path.exists() and registry.read_pid("standby") == os.getpid(), "the new record stays"
+    assert registry.read_pid("run:t:worker0") is None, "what it read was a dead process's"
+    assert path.exists() and registry.read_pid("run:t:worker0") == os.getpid(), "the new record stays"
     monkeypatch.setattr(registry, "start_time", real_start_time)
     path.write_text(f"{os.getpid()} 1\n")
-    assert registry.read_pid("standby") is None and not path.exists(), "a stale record read is removed"
-
-
-@pytest.mark.parametrize("how", ["busy", "asleep"])
-def test_a_standby_still_importing_is_waited_for_while_its_import_moves_and_passed_over_once_it_stalls(
-        python: Path, zipapp: Path, env, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    """A node held to a sliver of a CPU imports TensorFlow for a minute: a program started beside that import
-    would import it again on the same sliver (a starved ps missed its 120 s to serve so). The claim waits for
-    an import whose CPU time grows, however long, and passes over one that used none for `stalled_s`."""
-    from tflab_guard import registry, standby
-
-    env = slow_tensorflow(tmp_path, env, how)
-    monkeypatch.setattr(registry, "STATE", str(state))
-    with importing_standby(python, zipapp, env, state):
-        began = time.monotonic()
-        claimed = standby.claim(given_up=lambda: time.monotonic() - began > 4, stalled_s=1.0)
-        waited = time.monotonic() - began
-    if how == "busy":
-        assert claimed is None and waited > 4, "it waited for the import, four times its stall bound, until given up"
-    else:
-        assert claimed is None and 1.0 <= waited < 3.0, f"a stalled import is passed over after 1 s ({waited:.1f} s)"
-
-
-def test_a_run_told_to_stop_while_its_standby_imports_ends_at_once_and_never_starts(
-        guard, python: Path, zipapp: Path, env, state: Path, tmp_path: Path) -> None:
-    env = slow_tensorflow(tmp_path, env, "busy")
-    marker = tmp_path / "ran"
-    program = tmp_path / "prog.py"
-    program.write_text(f"open({str(marker)!r}, 'w').close()\nimport tensorflow\n")  # a program for the standby
-    with importing_standby(python, zipapp, env, state):
-        child = guard("run", "run:t:worker0", "--warm", "--grace", "0.5", "--shell", f"{python.name} {program}",
-                      env=env)
-        try:
-            assert wait_for(lambda: (state / "run:t:worker0.guard").exists())
-            child.stdin.write("stop\n")  # what tflab says to stop it
-            child.stdin.flush()
-            assert child.wait(timeout=10) == 143, "the stop was not heard while the standby imported"
-        finally:
-            child.kill()  # (a failed test's guard: its connection's end stops what it started)
-            child.wait(timeout=10)
-            child.stdin.close()
-    assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == Ending.never_ran("stopped")
-    assert not marker.exists(), "the program never starts"
+    assert registry.read_pid("run:t:worker0") is None and not path.exists(), "a stale record read is removed"
 
 
 def test_the_zipapp_is_the_same_bytes_every_time() -> None:
     assert guard_zipapp() == guard_zipapp()
 
 
-def test_a_failing_program_in_the_warm_interpreter_shows_its_own_traceback(guard, verb, standbys, python: Path,
-                                                                          env, tmp_path: Path) -> None:
+def test_a_failing_program_shows_its_own_traceback_and_nothing_of_tflab(guard, python: Path, env,
+                                                                      tmp_path: Path) -> None:
+    """The program is its command line started cold: a traceback shows its own frames only, as on a cluster's machine."""
     env = fake_tensorflow(tmp_path, env)
-    standbys(env)
     program = tmp_path / "broken.py"
     program.write_text("import tensorflow\n\ndef main():\n    raise ValueError('bad input')\n\nmain()\n")
-    child = guard("run", "run:t:worker0", "--warm", "--shell", f"{python.name} {program}", env=env)
+    child = guard("run", "run:t:worker0", "--wait-for-go", "--shell", f"{python.name} {program}", env=env)
     out = released(child)
     assert child.returncode == 1
     lines = out.splitlines()
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[1].startswith(f'  File "{program}", line 6'), "the program's own frames, none of the guard's"
-    assert "guard.pyz" not in out and "runpy" not in out
+    assert "guard.pyz" not in out and "runpy" not in out and "tflab" not in out
     assert lines[-1] == "ValueError: bad input"
+
+
+COLD_PROGRAM = """import os, sys
+import tensorflow
+print(os.getpid(), os.getppid(), os.getpgid(0), flush=True)
+print(sorted(name for name in sys.modules if name.startswith('tflab_guard') or name == 'runpy'), flush=True)
+print(sys.argv, flush=True)
+import time
+time.sleep(60)
+"""
+
+
+def test_a_program_starts_cold_as_the_guards_child_in_its_own_group_with_nothing_of_tflab(
+        guard, python: Path, env, state: Path, tmp_path: Path) -> None:
+    """What a cluster's machine shows: `ps` has `tflab-guard run KEY` and, under it, the program's own command line;
+    the program leads its own process group, imported TensorFlow itself, and has no module of tflab's loaded."""
+    env = fake_tensorflow(tmp_path, env)
+    program = tmp_path / "train.py"
+    program.write_text(COLD_PROGRAM)
+    child = guard("run", "run:t:worker1", "--wait-for-go", "--shell", f"{python.name} {program} --task_index=1",
+                  env=env, stderr=subprocess.DEVNULL)
+    with renewing(child):
+        assert not (tmp_path / "imported").exists(), "nothing imports TensorFlow while the program is held"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        pid, parent, group = (int(word) for word in child.stdout.readline().split())
+        assert parent == child.pid and group == pid, "the guard's own child, leading its own process group"
+        assert child.stdout.readline().strip() == "[]", "no module of the guard's (nor runpy) in the program"
+        assert child.stdout.readline().strip() == f"['{program}', '--task_index=1']"
+        assert cmdline(child.pid) == "tflab-guard run run:t:worker1"
+        assert cmdline(pid) == f"{python.name} {program} --task_index=1", "ps shows the program's own command line"
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "guard.pyz" not in maps, "nothing of the guard's zipapp is mapped in the program"
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        assert child.wait(timeout=20) == 143
 
 
 def test_a_nodes_traffic_is_counted_once_on_a_shaped_link(tmp_path: Path) -> None:
@@ -856,11 +586,9 @@ def test_a_nodes_traffic_is_counted_once_on_a_shaped_link(tmp_path: Path) -> Non
     assert metrics.net_sample(str(dev)) == (1000000, 2000000)
 
 
-# -- how a process ends, warm and cold (issue 35: the table of endings) ----------------------------------
+# -- how a process ends ---------------------------------------------------------------------------------
 
 ENDING_PROGRAM = """import os, signal, sys, time
-if sys.argv[2:] == ["sets"]:
-    os.environ["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=2"  # read as TensorFlow is imported: a new interpreter's
 import tensorflow
 print(os.getpid(), flush=True)
 how = sys.argv[1]
@@ -890,30 +618,21 @@ ENDINGS = {
 }
 
 
-@pytest.mark.parametrize("warm", [False, True, "again"], ids=["cold", "warm", "warm-started-again-cold"])
 @pytest.mark.parametrize("how", sorted(ENDINGS))
-def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, standbys, python: Path, env, state: Path,
-                                                      tmp_path: Path, how: str, warm: bool | str) -> None:
-    """The same ending read the same: a program run cold, one forked from the warm interpreter, and one handed to the
-    warm interpreter that sets an import-time variable first, and so is started again in a new interpreter (whose
-    parent, the warm copy, ends as it ended)."""
+def test_every_ending_is_known(guard, python: Path, env, state: Path, tmp_path: Path, how: str) -> None:
+    """Each way a program ends, as its guard records it."""
     import signal
 
     env = fake_tensorflow(tmp_path, env)
     program = tmp_path / "ending.py"
     program.write_text(ENDING_PROGRAM)
-    standby = standbys(env) if warm else None
     sender, expected = ENDINGS[how]
-    child = guard("run", "run:t:worker0", *(["--warm"] if warm else []), "--grace", "2", "--shell",
-                  f"{python.name} {program} {how}{' sets' if warm == 'again' else ''}", env=env,
+    child = guard("run", "run:t:worker0", "--grace", "2", "--shell", f"{python.name} {program} {how}", env=env,
                   stderr=subprocess.DEVNULL)
     with renewing(child):  # tflab is there throughout: the ending is the program's own, never a lapse
         pid = int(child.stdout.readline())
         if sender is not None:  # (the others may have ended already)
-            owners = children_of(standby.pid) if standby is not None else [child.pid]
-            parent = ppid_of(ppid_of(pid)) if warm == "again" else ppid_of(pid)
-            assert parent in owners, "the program is its owner's child (its claim's, forked by the standby, or its " \
-                                     "guard), or the child of the warm copy that started it again"
+            assert ppid_of(pid) == child.pid, "the program is its guard's child"
         if sender == "stop":
             child.stdin.write("stop\n")
             child.stdin.flush()
@@ -921,23 +640,17 @@ def test_every_ending_is_known_the_same_warm_and_cold(guard, verb, standbys, pyt
             os.kill(pid, getattr(signal, sender))
         assert child.wait(timeout=20) == expected.code
     assert Ending.from_json((state / "run:t:worker0.exit").read_text()) == expected
-    if standby is not None:
-        assert verb("warm", env=env) == 0 and wait_for(lambda: not children_of(standby.pid))
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_users_pkill_of_the_programs_command_line_reaches_the_program_not_its_guard(
-        guard, verb, standbys, python: Path, env, state: Path, tmp_path: Path, warm: bool) -> None:
+        guard, python: Path, env, state: Path, tmp_path: Path) -> None:
     """`pkill -9 -f train.py`, as a user stops a program on a cluster's machine: the guard's own title names its key,
-    not the command line, so the kill reaches the program alone, and the guard records the kill from outside. (With
-    the command line in its title the guard was killed too: the end was lost, and a warm program, whose watcher stops
-    it once its guard is gone, raced the user's SIGKILL with a SIGTERM that was recorded as from outside tflab.)"""
+    not the command line, so the kill reaches the program alone, and the guard records the kill from outside."""
     env = fake_tensorflow(tmp_path, env)
     program = tmp_path / "mnist_marker.py"
     program.write_text(ENDING_PROGRAM)
-    standby = standbys(env) if warm else None
-    child = guard("run", "run:t:worker1", *(["--warm"] if warm else []), "--shell", f"{python.name} {program} sleep",
-                  env=env, stderr=subprocess.DEVNULL)
+    child = guard("run", "run:t:worker1", "--shell", f"{python.name} {program} sleep", env=env,
+                  stderr=subprocess.DEVNULL)
     with renewing(child):
         pid = int(child.stdout.readline())
         assert "mnist_marker" not in cmdline(child.pid) and cmdline(child.pid) == "tflab-guard run run:t:worker1"
@@ -945,8 +658,6 @@ def test_a_users_pkill_of_the_programs_command_line_reaches_the_program_not_its_
         assert subprocess.run(["pkill", "-9", "-f", "mnist_marker.py"]).returncode == 0
         assert child.wait(timeout=20) == 137
     assert Ending.from_json((state / "run:t:worker1.exit").read_text()) == Ending(137, "SIGKILL", "outside")
-    if standby is not None:
-        assert verb("warm", env=env) == 0
 
 
 def test_a_broken_connection_loses_no_output_and_stops_nothing(guard, verb, python: Path, zipapp: Path, env,

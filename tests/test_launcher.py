@@ -122,11 +122,10 @@ LAB = plan(Topology(nodes=4), [])
 TRAIN = Task("train", "python t.py")
 
 
-def launch(tmp_path: Path, scripts, plan_: RunPlan | None = None, sink: Lines | None = None, warm: bool = True,
-           **kw):
+def launch(tmp_path: Path, scripts, plan_: RunPlan | None = None, sink: Lines | None = None, **kw):
     executor = FakeExecutor(scripts, **kw)
     setup = RunSetup("train", {n: f"python t.py --node {n}" for n in LAB.names}, {"TFLAB_TASK": "train"},
-                     tmp_path / "logs", warm=warm, stop_grace_s=0.2)
+                     tmp_path / "logs", stop_grace_s=0.2)
     launcher = Launcher(executor, plan_ or run_plan(LAB, TRAIN, grace_s=1.0), setup, sink or Lines())
     return launcher, executor
 
@@ -170,14 +169,13 @@ def test_the_result_is_the_chiefs_own_last_line_not_an_error_tensorflow_logs_at_
     assert result.result_line == "I1124 21:59:01.000000 140 train.py:80] test accuracy 0.98"
 
 
-def test_workers_start_held_with_preload_and_only_a_process_whose_end_is_unknown_is_cleared(tmp_path: Path) -> None:
+def test_workers_start_held_and_cold_and_only_a_process_whose_end_is_unknown_is_cleared(tmp_path: Path) -> None:
     """Each ending comes in the trip that started its process (the guard's end line): nothing is asked or stopped
     after a run whose processes all said how they ended; one whose end is unknown is stopped by its task's key."""
     launcher, executor = launch(tmp_path, ok_scripts())
     launcher.execute()
     starts = {node: argv for node, argv in executor.commands if "run" in argv and "--shell" in argv}
-    assert "--wait-for-go" in starts["worker1"] and "--preload" in starts["worker1"] and "--warm" in starts["worker1"]
-    assert "--wait-for-go" not in starts["ps0"] and "--warm" in starts["ps0"]
+    assert "--wait-for-go" in starts["worker1"] and "--wait-for-go" not in starts["ps0"]
     assert all("--end-in-stream" in argv for argv in starts.values())
     assert starts["worker1"][-1] == "python t.py --node worker1"
     assert [(node, argv[2]) for node, argv in executor.commands if argv[2] != "run"] == [("ps0", "probe")]
@@ -261,39 +259,10 @@ def test_a_server_busy_starting_past_the_ready_timeout_is_waited_for_and_said(tm
     assert len(probes) >= 2 and all("--quiet" in argv for argv in probes)
 
 
-@pytest.mark.parametrize("preload", [True, False])
-def test_guard_commands_carry_the_key_and_the_command_line(preload: bool) -> None:
-    argv = guardcmd.run_line("run:train:worker1", "python a.py --x=1", held=True, preload=preload)
+def test_guard_commands_carry_the_key_and_the_command_line() -> None:
+    argv = guardcmd.run_line("run:train:worker1", "python a.py --x=1", held=True)
     assert argv[:4] == ["python3", "/usr/local/share/tflab/guard.pyz", "run", "run:train:worker1"]
-    assert ("--preload" in argv) is preload and argv[-2:] == ["--shell", "python a.py --x=1"]
-
-
-@pytest.mark.parametrize("warm", [True, False])
-def test_a_run_is_warm_when_asked(tmp_path: Path, warm: bool) -> None:
-    """(A standby made again where one has gone is the guard's, as a warm run ends: test_guard.)"""
-    launcher, executor = launch(tmp_path, ok_scripts(), warm=warm)
-    launcher.execute()
-    starts = [argv for _node, argv in executor.commands if "run" in argv and "--shell" in argv]
-    assert all(("--warm" in argv) is warm for argv in starts)
-
-
-@pytest.mark.parametrize("answers, waited", [([1, 1, 0], True), ([0], False), ([2], False)])
-def test_a_cpu_fault_first_lets_a_standby_still_importing_finish(answers: list[int], waited: bool) -> None:
-    """`tflab fault cpu` sets the quota once the node's standby (one still importing) has imported TensorFlow:
-    under 0.1 CPU that import took over 20 CPU-s here, and the next run waited 18 minutes for it. A node whose
-    standby is ready (0) or has none (2) is not waited for."""
-
-    class Node:
-        def __init__(self) -> None:
-            self.asked: list[list[str]] = []
-
-        def run(self, node, argv, env=None, workdir="/"):
-            self.asked.append(list(argv))
-            return answers[min(len(self.asked), len(answers)) - 1], ""  # the guard's `warm`
-
-    node = Node()
-    assert guardwait.wait_imported(node, "ps0", timeout_s=10.0) is waited  # type: ignore[arg-type]
-    assert len(node.asked) == len(answers) and all(argv[2] == "warm" for argv in node.asked)
+    assert "--wait-for-go" in argv and argv[-2:] == ["--shell", "python a.py --x=1"]
 
 
 def test_the_quality_a_chief_prints_is_kept_as_numbers_with_its_times(tmp_path: Path) -> None:

@@ -11,22 +11,19 @@ from tflab.engine import guardcmd
 
 # Each request the host can build, and what the guard must read in it.
 REQUESTS = {
-    "run": (guardcmd.run_line("run:train:worker1", "python a.py --x=1", held=True, preload=True, warm=True,
-                              grace_s=2.5, start_id="2-ab12cd34"),
-            dict(verb="run", key="run:train:worker1", wait_for_go=True, preload=True, warm=True, grace=2.5,
+    "run": (guardcmd.run_line("run:train:worker1", "python a.py --x=1", held=True, grace_s=2.5, start_id="2-ab12cd34"),
+            dict(verb="run", key="run:train:worker1", wait_for_go=True, grace=2.5,
                  end_in_stream=True, shell="python a.py --x=1", argv=[], lease=None, id="2-ab12cd34")),
     "run words": (guardcmd.run_argv("exec:cmd:worker0:42", ["ls", "-l", "--", "x y"]),
                   dict(verb="run", key="exec:cmd:worker0:42", end_in_stream=True, shell=None,
                        argv=["ls", "-l", "--", "x y"], wait_for_go=False)),
     "attach": (guardcmd.attach("run:train:ps0", 10, 20), dict(verb="attach", key="run:train:ps0", out=10, err=20,
                                                                end_in_stream=True)),
-    "serve": (guardcmd.serve("serve:train:ps0", "exec:train", "python ps.py", "/runs/train/logs/ps0.log", warm=True),
-              dict(verb="serve", key="serve:train:ps0", lease="exec:train", log="/runs/train/logs/ps0.log", warm=True,
+    "serve": (guardcmd.serve("serve:train:ps0", "exec:train", "python ps.py", "/runs/train/logs/ps0.log"),
+              dict(verb="serve", key="serve:train:ps0", lease="exec:train", log="/runs/train/logs/ps0.log",
                    shell="python ps.py")),
     "serve words": (guardcmd.serve_detached("tensorboard", ["tensorboard", "--logdir", "/runs"], "/runs/tb.log"),
                     dict(verb="serve", key="tensorboard", lease=None, argv=["tensorboard", "--logdir", "/runs"])),
-    "standby": (guardcmd.standby(60.0), dict(verb="standby", idle=60.0)),
-    "warm": (guardcmd.warm(), dict(verb="warm")),
     "hold": (guardcmd.hold("exec:train", "1234"), dict(verb="hold", lease="exec:train", holder="1234")),
     "holders": (guardcmd.has_holders("exec:train"), dict(verb="holders", lease="exec:train")),
     "probe": (guardcmd.probe("ps0", "run:train:ps0", 120.0, 15.0, while_busy=True, start_id="2-ab12cd34"),
@@ -51,7 +48,7 @@ def test_every_request_the_host_builds_is_read_by_the_guards_own_parser(name: st
 
 def test_the_requests_cover_every_verb_of_the_guard() -> None:
     verbs = next(action for action in protocol.parser()._actions if action.dest == "verb").choices
-    internal = {"program", "version"}  # the guard's own (its preloaded child), and a person's
+    internal = {"version"}  # a person's
     assert {expected["verb"] for _argv, expected in REQUESTS.values()} == set(verbs) - internal
 
 
@@ -100,7 +97,6 @@ def test_the_replies_the_guard_writes_are_read_by_the_host() -> None:
     assert protocol.read_busy(protocol.busy_reply(12.34) + "\n") == 12.3  # a probe's `busy SECONDS`
     assert protocol.read_busy("") == 0.0
     assert protocol.HOLDING == "holding"  # a lease's holder's word once held (exec_session waits for it)
-    assert (protocol.WARM_READY, protocol.WARM_MAKING, protocol.WARM_NONE) == (0, 1, 2)
 
 
 def test_a_metrics_line_the_guard_prints_is_the_sample_the_host_reads() -> None:
@@ -123,17 +119,3 @@ def test_a_metrics_line_the_guard_prints_is_the_sample_the_host_reads() -> None:
     for wrong in ('{"cpu_ns": 1}', '{"t": "now"}', '{"t": 1, "mem": "lots"}', '{"t": 1, "gpus": [[0, 1]]}', "[1]",
                   "Traceback (most recent call last):", '{"t": true}'):
         assert protocol.Sample.parse(wrong) is None, wrong
-
-
-def test_the_standbys_handover_reads_back_as_it_was_written() -> None:
-    """The standby's words on its own socket (a guard's program handed over, its pid answered) are the protocol's:
-    what one side writes, the other reads, and a message that is not one is refused, not half read."""
-    handover = protocol.Handover("run:train:worker0", ["python", "a.py", "--x=1"], {"TF_CONFIG": "{}"}, "/workspace",
-                                 2.5)
-    again = protocol.Handover.parse(handover.message())
-    assert again is not None and (again.key, again.argv, again.env, again.cwd, again.grace) == \
-        ("run:train:worker0", ["python", "a.py", "--x=1"], {"TF_CONFIG": "{}"}, "/workspace", 2.5)
-    assert protocol.Handover.read_started(protocol.Handover.started(4242).decode()) == 4242
-    for wrong in (b"{}", b"not json", b'{"key": "k", "argv": [], "env": {}, "cwd": "/"}', b'["k"]'):
-        assert protocol.Handover.parse(wrong) is None, wrong
-    assert protocol.Handover.read_started("") is None and protocol.Handover.read_started('{"pid": true}') is None

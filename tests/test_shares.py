@@ -82,13 +82,6 @@ def test_every_node_sees_its_share() -> None:
     assert shared["TFLAB_NUM_CPUS"] == "2" and "OMP_NUM_THREADS" not in shared and "TFLAB_MEMORY_MB" not in shared
 
 
-def test_the_warm_interpreter_stays_off_where_it_does_not_fit() -> None:
-    assert shares.warm_fits(Share(memory_mib=4096)) is None and shares.warm_fits(Share()) is None
-    assert shares.warm_fits(Share(memory_mib=1024)) is None
-    assert shares.warm_fits(Share(memory_mib=768)).startswith(
-        "the warm interpreter is off: each node has 768M of memory")
-
-
 TOPO = (
     "\x1b[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
     "GPU0\t X \tNV18\tPXB\t0-55,112-167\t0\t\tN/A\n"

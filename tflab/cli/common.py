@@ -147,8 +147,12 @@ def progress(title: str) -> Iterator[Progress]:
 
 
 def open_lab(lab: Path) -> labfiles.LabFiles:
-    """The lab in `lab` (a one-line error when there is none)."""
-    return labfiles.open_lab(lab)
+    """The lab in `lab` (a one-line error when there is none); a note on stderr where its file names settings this
+    tflab no longer has."""
+    lf = labfiles.open_lab(lab)
+    if lf.retired_note:
+        err_console().print(lf.retired_note, markup=False)
+    return lf
 
 
 def check_via(via: str) -> str:

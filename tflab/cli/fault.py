@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from tflab.cli.common import LabOption, backend, console, open_lab
-from tflab.engine import guardwait
 from tflab.engine.backend import LabBackend
 from tflab.engine.faults import FaultInjector
 from tflab.errors import UserError
@@ -35,12 +34,6 @@ def _do(lab: Path, spec: str, for_s: float | None) -> None:
         raise UserError("--for must be more than 0 seconds")
     doer = injector(lf)
     out = console()
-    if fault.action == "cpu" and lf.warm:
-        doer.check(fault)
-        # The quota is for the training: a standby still importing (at `up`, or made again after a run) would take
-        # minutes under it, and the next run would wait for that, not train starved.
-        if guardwait.wait_imported(doer.executor_for([fault.node]), fault.node):
-            out.print(f"tflab: {fault.node}'s warm interpreter finished importing TensorFlow first")
     out.print(f"tflab: {doer.apply(fault)}")
     if for_s is None:
         if fault.action in faults.TIMED:

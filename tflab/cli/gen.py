@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tflab.cli import views
-from tflab.cli.common import LabOption, console
+from tflab.cli.common import LabOption, console, err_console
 from tflab.host import labfiles
 from tflab.host.newlab import LabRequest, make_lab
 from tflab.plan import config as cfg
@@ -59,7 +59,7 @@ def gen(
     link_rate: Annotated[str | None, typer.Option(help="Shape every node's link to this rate (100mbit, 1gbit, 10gbit).", rich_help_panel="Links and faults")] = None,
     link_delay: Annotated[str | None, typer.Option(help="Add this one-way delay in milliseconds to every node's link (needs netem).", rich_help_panel="Links and faults")] = None,
     faults: Annotated[bool, typer.Option(help="Let `tflab fault` and drills slow or cut off nodes' traffic (the nodes get NET_ADMIN).", rich_help_panel="Links and faults")] = False,
-    warm: Annotated[bool, typer.Option(help="Keep one TensorFlow interpreter ready in each node, so runs start without the import (about 0.5 GB per node).", rich_help_panel="A node's resources")] = True,
+    warm: Annotated[bool | None, typer.Option(hidden=True, help="Retired: accepted, and does nothing (every program starts cold).")] = None,
     target: Annotated[str, typer.Option(help="Where the lab runs: compose (this host) or swarm (an existing Docker Swarm).", rich_help_panel="Beyond one host")] = "compose",
     place: Annotated[list[str] | None, typer.Option(help="Swarm: run NODE on the swarm node labelled tflab.host=HOST (NODE=HOST, repeatable).", rich_help_panel="Beyond one host")] = None,
     registry: Annotated[str | None, typer.Option(help="Swarm: the registry `tflab build` pushes the node image to (needed on several hosts).", rich_help_panel="Beyond one host")] = None,
@@ -77,9 +77,12 @@ def gen(
         share_gpus=share_gpus, cpus_per_node=cpus_per_node, memory_per_node=memory_per_node,
         ssh_port_base=ssh_port_base, tensorboard_port_base=tensorboard_port_base, bind=bind, base=base, code=code,
         data=data, data_mode=data_mode, runs=runs, shm_size=shm_size, link_rate=link_rate, link_delay=link_delay,
-        faults=faults, warm=warm, target=target, place=place or [], registry=registry, pip=pip or [],
+        faults=faults, target=target, place=place or [], registry=registry, pip=pip or [],
         apt=apt or [], tensorflow=tensorflow, keras=keras, name=name, force=force,
     )
+    if warm is not None:
+        err_console().print(f"tflab: note: --{'' if warm else 'no-'}warm no longer does anything: every program starts "
+                            "cold, as on a cluster's machine", markup=False)
     made = make_lab(request, lab_is_up=running_here)
     written, config, listed = made.files, made.config, made.gpus
     root, host, shaped, tasks = written.root, config.host, config.links, config.tasks
@@ -92,8 +95,6 @@ def gen(
     out.print(views.machines_text(written.lab, host))
     if made.ports_note:
         out.print(made.ports_note)
-    if written.warm_off:
-        out.print(written.warm_off)
     if shaped:
         out.print(f"links: {shaped.describe()} on every node's link, both ways")
     if tasks:

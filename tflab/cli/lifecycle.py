@@ -81,8 +81,6 @@ def up(lab: LabOption = Path(".")) -> None:
                                  swarm=lf.config.target == "swarm"))
     if copied:
         out.print(copied_text(copied, lf.lab.names), soft_wrap=True)
-    if lf.warm_off:
-        out.print(lf.warm_off)
     out.print(f"ready: {plural(len(lf.lab.nodes), 'node')}; shared runs folder {lf.runs_dir}")
 
 
@@ -110,8 +108,6 @@ def status(lab: LabOption = Path(".")) -> None:
     picture = views.gpu_map(lf.lab, lf.config.gpus)
     if picture is not None:
         out.print(picture)
-    if lf.warm_off:
-        out.print(lf.warm_off)
     if not states:
         out.print("the lab is not up (`tflab up` starts it)")
         return

@@ -77,7 +77,6 @@ def exec_(
         env=tasks.task_env(task.name), lock=lf.state_file(f"exec-{task.name}.lock"),
         records=lf.state_dir / "execs" / task.name, runs_dir=lf.runs_dir,
         plan=exec_plan(lf.lab, task, node, grace) if worker else None, resume=resume, progress=task.progress,
-        warm=lf.warm and task.preload,
     )
     executor = side.executor([node, *setup.servers], via)
     err = err_console()

@@ -2,7 +2,7 @@
 
 `bring_up` is the order every backend follows: check what must hold, build the node image, try
 the links' shaping in a throwaway container, write the engine's file, start the nodes (each one
-copied into and waited on as soon as it runs), make the standbys. A backend (compose_lab,
+copied into and waited on as soon as it runs). A backend (compose_lab,
 swarm_lab) says how it does each stage (`Stages`); the image, the links, the copy and the SSH
 wait are one code, here, as is a lab's removal.
 """
@@ -24,7 +24,6 @@ from tflab.engine.builds import BuildResult, Progress, image_exists
 from tflab.engine.containers import labelled, probe_links
 from tflab.engine.copying import Copier, CopyTarget
 from tflab.engine.executors import Executor
-from tflab.engine.guardwait import warm_up
 from tflab.errors import EngineError, UserError
 from tflab.host import buildsettings, proc
 from tflab.host.fanout import parallel
@@ -106,9 +105,6 @@ def bring_up(lf: LabFiles, client: docker.DockerClient, stages: Stages, progress
         running = stages.start(progress, ready)
     finally:
         copied = copier.finish()
-    if lf.warm:
-        # Once every node runs: their imports would only slow the others' start.
-        warm_up(stages.executor(running), running)
     return copied
 
 

@@ -2,8 +2,7 @@
 
 Built with the guard's own protocol module (tflab_guard.protocol, which the guard parses them
 with): its keys, words, grace and lease are defined there once. Nothing here runs them: what
-asks a guard and waits on its answers (a server serving, a standby importing, an ending asked
-for, a stop refused) is engine/guardwait.py.
+asks a guard and waits on its answers (a server serving, an ending asked for, a stop refused) is engine/guardwait.py.
 """
 
 from __future__ import annotations
@@ -19,18 +18,15 @@ from tflab.engine.attached import Reattach
 from tflab.plan.topology import GRPC_PORT
 
 
-def run_line(key: str, command: str, held: bool = False, preload: bool = False, warm: bool = False,
-             grace_s: float = protocol.STOP_GRACE_S, start_id: str | None = None) -> list[str]:
+def run_line(key: str, command: str, held: bool = False, grace_s: float = protocol.STOP_GRACE_S,
+             start_id: str | None = None) -> list[str]:
     """The guard's command line that runs the shell line `command` as its own child, attached to tflab
     (stopped by `stop`, or when tflab's lease lapses); `held` waits for `go`. Its streams end with the guard's
-    end line (engine/attached.py reads it).
-
-    `warm` hands a Python program to the node's standby interpreter (TensorFlow imported
-    already) when there is one; `preload` imports TensorFlow while held when there is not. `start_id` names
+    end line (engine/attached.py reads it). The program starts cold, as on a cluster's machine. `start_id` names
     this start, for a probe of it (`await_serving`): an earlier start's ending is not this one's.
     """
-    return Call("run", key, wait_for_go=held, preload=preload, warm=warm, grace=float(grace_s), end_in_stream=True,
-                id=start_id, shell=command).argv()
+    return Call("run", key, wait_for_go=held, grace=float(grace_s), end_in_stream=True, id=start_id,
+                shell=command).argv()
 
 
 def run_argv(key: str, argv: list[str], grace_s: float = protocol.STOP_GRACE_S) -> list[str]:
@@ -48,19 +44,9 @@ def reattach(key: str) -> Reattach:
     return Reattach(partial(attach, key))
 
 
-def serve(key: str, lease_name: str, command: str, log: str, warm: bool = False) -> list[str]:
+def serve(key: str, lease_name: str, command: str, log: str) -> list[str]:
     """A server that lives while some holder of `lease_name` lives (output to `log`)."""
-    return Call("serve", key, warm=warm, lease=lease_name, log=log, shell=command).argv()
-
-
-def standby(idle_s: float = 1800.0) -> list[str]:
-    """Make the node's standby interpreter (TensorFlow imported, waiting for a --warm program)."""
-    return Call("standby", idle=float(idle_s)).argv()
-
-
-def warm() -> list[str]:
-    """Exit WARM_READY while the node's standby is ready, WARM_MAKING while it is being made, WARM_NONE without."""
-    return Call("warm").argv()
+    return Call("serve", key, lease=lease_name, log=log, shell=command).argv()
 
 
 def serve_detached(key: str, argv: list[str], log: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""Asking a node's guard and waiting on its answers: a server that serves (or ended first, or is stuck), a standby
-that imports TensorFlow, an ending asked for where its end line was lost, a stop an older guard refused.
+"""Asking a node's guard and waiting on its answers: a server that serves (or ended first, or is stuck), an ending
+asked for where its end line was lost, a stop an older guard refused.
 
 The commands are guardcmd's; the words of the answers are the protocol's (tflab_guard.protocol);
 the sentences a user reads of them are here.
@@ -18,7 +18,7 @@ from tflab_guard.protocol import Ending
 
 from tflab.engine.attached import OLD_GUARD, End
 from tflab.engine.executors import Executor
-from tflab.engine.guardcmd import ended, probe, standby, warm
+from tflab.engine.guardcmd import ended, probe
 from tflab.errors import TflabError, UserError
 from tflab.host.fanout import parallel
 from tflab.plan.topology import GRPC_PORT
@@ -111,33 +111,3 @@ def check_stopped(answer: tuple[int, str]) -> None:
     """A stop's answer: an older guard's refusal is a sentence naming the fix."""
     if protocol.is_old_guard(*answer):
         raise UserError(OLD_GUARD)
-
-
-def warm_up(executor: Executor, names: list[str]) -> None:
-    """Make each node's standby interpreter (a no-op where one is there already); never fails a command."""
-
-    def spawn(name: str) -> None:
-        try:
-            executor.spawn(name, standby())
-        except TflabError as exc:
-            log.debug("no standby in %s: %s", name, exc)
-
-    parallel(spawn, names, name="standby")
-
-
-def wait_imported(executor: Executor, node: str, timeout_s: float = 60.0) -> bool:
-    """Until `node`'s standby, if one is being made, has imported TensorFlow; whether one was (and now is ready).
-    What a `fault cpu` waits for: a standby still importing (made at `up`, or again after a run where one had
-    gone) when the node is held to a sliver of a CPU takes minutes (tflab's own preparation, which no cluster has) before the next run starts."""
-    deadline = time.monotonic() + timeout_s
-    waited = False
-    while time.monotonic() < deadline:
-        try:
-            code, _ = executor.run(node, warm())
-        except TflabError:
-            return False
-        if code != protocol.WARM_MAKING:
-            return waited and code == protocol.WARM_READY
-        waited = True
-        time.sleep(0.5)
-    return False

@@ -81,17 +81,19 @@ class LabFiles:
         self.state_dir.mkdir(exist_ok=True)
         return self.state_dir / name
 
-    @property
-    def warm_off(self) -> str | None:
-        """Why the nodes keep no warm interpreter though tflab.yaml asks for one (their memory), or None."""
-        if not self.config.warm:
+    @functools.cached_property
+    def retired_note(self) -> str | None:
+        """One line where tflab.yaml still names settings an earlier tflab had and this one ignores, else None."""
+        path = self.root / LAB_FILE
+        try:
+            found = labfile.retired_keys(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
             return None
-        return next((why for why in map(shares.warm_fits, (n.share for n in self.lab.nodes)) if why), None)
-
-    @property
-    def warm(self) -> bool:
-        """Whether each node keeps a TensorFlow interpreter ready: asked for, and it fits the node."""
-        return self.config.warm and self.warm_off is None
+        if not found:
+            return None
+        one = len(found) == 1
+        return labfile.RETIRED_NOTE.format(keys=", ".join(f"`{key}`" for key in found), source=path,
+                                           does="does" if one else "do", them="it" if one else "them")
 
     def resolve(self, path: str) -> Path:
         """A path of tflab.yaml, relative to the lab folder."""

@@ -46,7 +46,6 @@ class LabRequest:
     link_rate: str | None = None
     link_delay: str | None = None
     faults: bool = False
-    warm: bool = True
     target: str = "compose"
     place: list[str] = field(default_factory=list)
     registry: str | None = None
@@ -157,7 +156,6 @@ def write_new_lab(request: LabRequest, topology: Topology, root: Path, shaped: l
         links=shaped,
         faults=request.faults,
         swarm=swarm,
-        warm=request.warm,
         packages=packages,
         tensorflow=request.tensorflow,
         keras=keras,

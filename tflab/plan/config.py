@@ -249,8 +249,6 @@ class Task:
     name: str
     command: str
     servers: tuple[str, ...] = DEFAULT_SERVERS
-    # Start the workers' Python and TensorFlow while the servers start (the guard's preload).
-    preload: bool = True
     # How the program says its step, where tflab's own reading does not know its lines (a regex
     # with a named group `step` or `rate`).
     progress: str | None = None
@@ -284,9 +282,6 @@ class LabConfig:
     memlock: int | None = None  # bytes of locked memory a node may use; -1 unlimited; None: the engine's
     tasks: dict[str, Task] = field(default_factory=dict)
     target: str = "compose"  # compose | swarm
-    # One TensorFlow interpreter kept ready in each node (made at `up` and after each run),
-    # so a run's processes do not pay the import; about 0.5 GB of memory per node.
-    warm: bool = True
     links: Links = Links()
     swarm: SwarmSettings = SwarmSettings()
     # Nodes may be slowed or cut off on purpose (`tflab fault`, drills): they get NET_ADMIN.

@@ -41,13 +41,6 @@ class Knobs:
         return self.workers is not None or self.link_rate is not None or bool(self.cpus) or bool(self.env)
 
     @property
-    def sets_environment(self) -> bool:
-        """Whether the run gives its processes variables the lab's do not have (--env, and --cpus's thread counts):
-        TensorFlow reads some of them once, as it is imported (TF_ENABLE_ONEDNN_OPTS, OMP_NUM_THREADS), so such a
-        run starts its programs cold, as a fresh `python` would, never in a warm interpreter that imported it before."""
-        return bool(self.env) or bool(self.cpus)
-
-    @property
     def changes_engine(self) -> bool:
         """Whether the run changes the nodes themselves (their links or CPU), to be restored after it."""
         return self.link_rate is not None or bool(self.cpus)

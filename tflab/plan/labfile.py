@@ -53,7 +53,7 @@ from tflab.plan.labvalues import (
 )
 from tflab.plan.links import Links
 from tflab.plan.shares import AUTO
-from tflab.plan.strictyaml import Keys, load_yaml, read_as
+from tflab.plan.strictyaml import RETIRED, Keys, load_yaml, read_as, retired
 from tflab.plan.taskfile import Tasks
 from tflab.plan.topology import LOOPBACK, SSH_PORT_BASE, TENSORBOARD_PORT_BASE, Topology
 
@@ -191,8 +191,8 @@ class LabFile(Keys):
     """copy the data into each node, or mount it read-only."""
     runs: Annotated[Text | None, Lands("runs")] = DEFAULT_RUNS
     """The host folder shared by every node at /runs."""
-    warm: Annotated[bool, Lands("warm")] = True
-    """Keep one TensorFlow interpreter ready in each node, so runs start without the import (about 0.5 GB per node)."""
+    warm: Annotated[bool | None, RETIRED] = None
+    """Retired: read and ignored (every program starts cold, as on a cluster's machine); never written."""
     tasks: Annotated[Tasks | None, Lands("tasks", lambda c: taskfile.dump_tasks(c.tasks), taskfile.tasks_of)] = {}
     """Named command lines: `tflab run NAME` runs one on every node, in order."""
 
@@ -253,6 +253,24 @@ def from_yaml(text: str, source: str = LAB_FILE) -> LabConfig:
     return LabConfig(**top, **{name: PARTS[name](**kwargs) for name, kwargs in parts.items()})
 
 
+RETIRED_NOTE = ("tflab: note: {keys} in {source} no longer {does} anything: every program starts cold, as on a "
+                "cluster's machine (remove {them} to silence this note)")
+
+
+def retired_keys(text: str) -> list[str]:
+    """The retired keys a (valid) tflab.yaml still names: `warm`, and `tasks.NAME.preload` (an earlier tflab's warm
+    interpreter and preload). They are read and ignored."""
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        return []
+    found = [key for key in retired(LabFile) if key in doc]
+    tasks = doc.get("tasks") or {}
+    if isinstance(tasks, dict):
+        found += [f"tasks.{name}.{key}" for name, spec in tasks.items() if isinstance(spec, dict)
+                  for key in retired(taskfile.TaskKeys) if key in spec]
+    return found
+
+
 def to_yaml(config: LabConfig) -> str:
     """tflab.yaml's text for `config`."""
     doc: dict[str, Any] = {}
@@ -263,7 +281,7 @@ def to_yaml(config: LabConfig) -> str:
             kind = kinds[name]
             if kind.written_for(config):
                 doc[name] = {key: where.written(config) for key, where in lands(kind).items()}
-        else:
+        elif name in top:
             doc[name] = top[name].written(config)
     header = (f"{MODELINE}\n# tflab lab: edit it, then run `tflab up` again.\n"
               "# Task placeholders: " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + "\n")

@@ -37,8 +37,6 @@ AUTO = "auto"
 SHARED = "0"
 # What the host keeps for itself before its memory is split: a tenth, between 1 and 16 GiB.
 RESERVE_SHARE, RESERVE_MIN_MIB, RESERVE_MAX_MIB = 0.10, 1024, 16 * 1024
-# The warm interpreter (TensorFlow imported, ~0.5 GiB) is kept where a node has room for it and a program.
-WARM_MIN_MIB = 1024
 MIN_NODE_MIB = 64
 MIN_CPUS = 0.01  # the smallest CPU quota the engine sets (1 ms in a 100 ms period)
 MAX_CPUS = 4096
@@ -258,12 +256,3 @@ def check_cpus_fit(share: Share, cpus: float, host_cpus: int, node: str, what: s
         pinned = len(share.cpuset)
         where = f"its {pinned} pinned CPU{'s' if pinned > 1 else ''}" if pinned else f"the host's {most} CPUs"
         raise UserError(f"{what}: {node} runs on {where}, so it cannot have more than {most:g} CPU")
-
-
-def warm_fits(share: Share) -> str | None:
-    """None when the warm interpreter fits the node, else why it stays off."""
-    if share.memory_mib is not None and share.memory_mib < WARM_MIN_MIB:
-        return (f"the warm interpreter is off: each node has {memory_text(share.memory_mib)} of memory, and "
-                f"TensorFlow imported in advance would hold about 0.5G of it (it stays on from "
-                f"{memory_text(WARM_MIN_MIB)} a node)")
-    return None

@@ -70,6 +70,18 @@ class NamedBy:
         return {**handler(core), "propertyNames": self.names}
 
 
+
+class Retired:
+    """A key an earlier tflab wrote that this one reads and ignores (and never writes): `Annotated[..., RETIRED]`."""
+
+
+RETIRED = Retired()
+
+
+def retired(model: type[BaseModel]) -> list[str]:
+    """The keys of `model` marked RETIRED."""
+    return [name for name, field in model.model_fields.items() if any(isinstance(m, Retired) for m in field.metadata)]
+
 class Keys(BaseModel):
     """A mapping of the file: its keys, each of its kind; anything else is an error that names the closest key.
     A mapping left empty (null) has every key's default."""

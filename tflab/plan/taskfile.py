@@ -10,7 +10,7 @@ from pydantic_core import CoreSchema
 
 from tflab.plan import progress
 from tflab.plan.config import BATCH, DEFAULT_SERVERS, ROLES, TASK_NAME, Task, check_task_name
-from tflab.plan.strictyaml import KEY, Keys, NamedBy, Text, load_yaml, read_as, refused, ruled, shown
+from tflab.plan.strictyaml import KEY, RETIRED, Keys, NamedBy, Text, load_yaml, read_as, refused, ruled, shown
 
 
 def _roles(servers: Any) -> tuple[str, ...]:
@@ -43,8 +43,8 @@ class TaskKeys(Keys):
     servers: Annotated[tuple[str, ...], BeforeValidator(_roles),
                        WithJsonSchema({"type": "array", "items": {"enum": list(ROLES)}})] = DEFAULT_SERVERS
     """The roles that only serve while it runs."""
-    preload: bool = True
-    """Whether the node's warm interpreter (TensorFlow imported) runs it."""
+    preload: Annotated[bool | None, RETIRED] = None
+    """Retired: read and ignored (every program starts cold, as on a cluster's machine); never written."""
     progress: Annotated[Text, AfterValidator(_pattern)] | None = None
     """A regular expression of the program's progress line."""
     batch: Annotated[str, BeforeValidator(_batch),
@@ -87,7 +87,7 @@ Tasks = Annotated[dict[TaskName, Annotated[TaskKeys, BeforeValidator(ShortForm.r
 
 
 def tasks_of(tasks: dict[str, TaskKeys]) -> dict[str, Task]:
-    return {name: Task(name, spec.command, spec.servers, spec.preload, spec.progress, spec.batch)
+    return {name: Task(name, spec.command, spec.servers, spec.progress, spec.batch)
             for name, spec in tasks.items()}
 
 
@@ -98,7 +98,7 @@ class TaskFile(Keys):
 
 
 def parse_tasks(raw: Any, source: str) -> dict[str, Task]:
-    """Tasks as tflab.yaml writes them: `name: command` or `name: {command:, servers:, preload:}`."""
+    """Tasks as tflab.yaml writes them: `name: command` or `name: {command:, servers:, progress:, batch:}`."""
     return tasks_of(read_as(TaskFile, {"tasks": raw}, source).tasks or {})
 
 
@@ -106,14 +106,12 @@ def dump_tasks(tasks: dict[str, Task]) -> dict[str, Any]:
     """Tasks back into their tflab.yaml form (the short form when it says everything)."""
     out: dict[str, Any] = {}
     for name, task in tasks.items():
-        if task.servers == DEFAULT_SERVERS and task.preload and task.progress is None and task.batch is None:
+        if task.servers == DEFAULT_SERVERS and task.progress is None and task.batch is None:
             out[name] = task.command
         else:
             spec: dict[str, Any] = {"command": task.command}
             if task.servers != DEFAULT_SERVERS:
                 spec["servers"] = list(task.servers)
-            if not task.preload:
-                spec["preload"] = False
             if task.progress is not None:
                 spec["progress"] = task.progress
             if task.batch is not None:

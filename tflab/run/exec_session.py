@@ -31,7 +31,6 @@ from tflab_guard import protocol
 from tflab.engine import guardcmd, guardwait
 from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
-from tflab.engine.guardwait import warm_up
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
 from tflab.host.fanout import background, parallel
 from tflab.host.locks import file_lock
@@ -65,7 +64,6 @@ class ExecSetup:
     plan: RunPlan | None = None  # the worker's rules (None: a server or sidecar, not judged)
     resume: bool = False
     progress: str | None = None  # the task's own progress pattern
-    warm: bool = True
     ready_timeout_s: float = 120.0
     stop_grace_s: float = protocol.STOP_GRACE_S
 
@@ -152,8 +150,6 @@ class ExecSession:
             if setup.servers:
                 with file_lock(setup.lock):
                     self._release_servers()
-            if setup.warm:
-                warm_up(self.executor, [setup.node, *setup.servers])
 
     # -- the servers -----------------------------------------------------------------------
 
@@ -200,7 +196,7 @@ class ExecSession:
             # A fresh session, or a server gone: nothing of an earlier one may serve it (nor answer for it).
             self.executor.run(name, guardcmd.stop([key], force=True, forget=True))
             log = f"/runs/{setup.task}/logs/{name}.log"
-            self.executor.spawn(name, guardcmd.serve(key, lease, setup.commands[name], log, warm=setup.warm),
+            self.executor.spawn(name, guardcmd.serve(key, lease, setup.commands[name], log),
                                 env=setup.env, workdir="/workspace")
             return True
 
@@ -269,7 +265,7 @@ class ExecSession:
     def _run_node(self, log_path: Path) -> ExecResult:
         setup = self.setup
         key = protocol.exec_key(setup.task, setup.node, self.owner)
-        argv = guardcmd.run_line(key, setup.commands[setup.node], warm=setup.warm, grace_s=setup.stop_grace_s)
+        argv = guardcmd.run_line(key, setup.commands[setup.node], grace_s=setup.stop_grace_s)
         plan = setup.plan or RunPlan(servers=(), finishers=(setup.node,), chief=setup.node, stop_hung=False)
         machine = RunMachine(plan)
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -87,8 +87,6 @@ class RunSetup:
     commands: Mapping[str, str]
     env: Mapping[str, str]
     log_dir: Path
-    preload: bool = True
-    warm: bool = True
     stop_grace_s: float = protocol.STOP_GRACE_S
     report_every_s: float = 10.0
     progress: str | None = None  # the task's own progress pattern (tflab.yaml `progress:`)
@@ -178,8 +176,7 @@ class Launcher:
               every=(Every(0.0, keep_record), Every(self.setup.report_every_s, report)), give_up=give_up)
         self._heal_drills()
         # What ended with its guard's word is gone; the rest (its ending unknown, or never started) is stopped now.
-        # (An earlier run's process of the same node is stopped by the guard of this one as it starts, and a
-        # standby made again where one has gone by the guard of a warm run as it ends.)
+        # (An earlier run's process of the same node is stopped by the guard of this one as it starts.)
         self._clear([name for name, node in self.machine.nodes.items() if node.ended is None or node.ended_by is None])
         for handle in self.logs.values():
             handle.close()
@@ -216,8 +213,7 @@ class Launcher:
     def _start(self, name: str, held: bool, attempt: int) -> None:
         key = protocol.run_key(self.setup.task, name)
         start_id = f"{attempt}-{uuid.uuid4().hex[:8]}"  # the probe of a server counts this start's ending only
-        argv = guardcmd.run_line(key, self.setup.commands[name], held=held, preload=held and self.setup.preload,
-                                 warm=self.setup.warm and self.setup.preload, grace_s=self.setup.stop_grace_s,
+        argv = guardcmd.run_line(key, self.setup.commands[name], held=held, grace_s=self.setup.stop_grace_s,
                                  start_id=start_id)
         handle = self.logs.get(name)
         if handle is None:

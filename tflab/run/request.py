@@ -117,9 +117,7 @@ def execute_run(lf: LabFiles, prepared: PreparedRun, make_sink: Callable[[IO[str
         sink.event(f"run {definition.name}: servers {', '.join(servers)} first, then {', '.join(plan.finishers)}"
                    if servers else f"run {definition.name}: {', '.join(plan.finishers)} (no servers)")
         if request.knobs:
-            cold = ("; its programs start cold: TensorFlow reads these variables as it is imported, before a warm "
-                    "interpreter would see them" if lf.warm and request.knobs.sets_environment else "")
-            sink.event(f"this run's knobs: {request.knobs.describe()}{cold}")
+            sink.event(f"this run's knobs: {request.knobs.describe()}")
         setter = prepared.knob_setter
 
         def set_knobs() -> None:

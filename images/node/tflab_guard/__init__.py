@@ -6,15 +6,15 @@ records how it ended (protocol.Ending). It is shipped into the node image as one
 Python of TensorFlow 1.15's images): standard library only. Its verbs and options are
 protocol.parser's, which the host builds its calls with (protocol.Call):
 
-  run KEY [--wait-for-go] [--preload] [--warm] [--grace S] [--lease L] [--end-in-stream] (-- ARGV | --shell CMD)
+  run KEY [--wait-for-go] [--grace S] [--lease L] [--end-in-stream] (-- ARGV | --shell CMD)
       A program attached to tflab: its output kept in the node and followed to the guard's
       standard output; its standard input is tflab's connection (`go`, `stop`, `renew`). The
       connection's end stops nothing; a lease not renewed for LEASE_S does (SIGTERM, SIGKILL
-      after the grace). --preload imports TensorFlow while it waits for go; --warm hands a
-      Python program to the node's standby interpreter (TensorFlow imported already).
+      after the grace). The program is the command line started cold, the guard's child in its
+      own process group, as on a cluster's machine: nothing of tflab is loaded in it.
       --end-in-stream: stdout and stderr end with the end line (protocol.StreamEnd: how it ended,
       the bytes of each the node kept), answered by tflab's `delivered OUT ERR` (then forgotten).
-  serve KEY [--warm] [--lease LEASE] [--log FILE] (-- ARGV | --shell CMD)
+  serve KEY [--lease LEASE] [--log FILE] (-- ARGV | --shell CMD)
       A server shared by several `tflab exec`s: it lives while LEASE has holders (without
       --lease, until `stop`: TensorBoard).
   attach KEY [--out N] [--err N] [--end-in-stream]
@@ -22,9 +22,6 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
                                    (and the end line, as `run` ends).
   hold LEASE HOLDER                holds LEASE while tflab renews it (`stop` leaves).
   holders LEASE                    exits 0 while LEASE has a holder renewed in the last LEASE_S.
-  standby [--idle S]               one interpreter per node with TensorFlow imported, which forks
-                                   each --warm program (and its owner); leaves after S s unclaimed.
-  warm                             exits 0 while the node's standby is ready.
   probe HOST:PORT [--key KEY] [--timeout S] [--quiet Q [--while-busy]]
       exits 0 once HOST:PORT accepts, 3 if KEY's process ended first, 4 on timeout; with --quiet,
       5 at the timeout when KEY's processes used the CPU in the last Q s (still starting), printing
@@ -40,8 +37,7 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
 
 The jobs, a module each: `protocol` (what host and guard say), `registry` (records),
 `groups` (process groups), `commands` (how a command line is run), `connection` (tflab's
-words), `supervise` (owned processes), `standby` (the warm interpreter and its owner), `coldstart` (a
-program that sets TensorFlow's import-time variables, started again in a new interpreter),
+words), `supervise` (owned processes),
 `leases`, `stopping`, `memory` (OOM kills), `metrics`, `proctitle`, `probe`, `busy` (whether a
 process group uses the CPU), and `cli`.
 """

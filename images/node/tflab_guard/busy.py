@@ -2,7 +2,7 @@
 
 What tells a slow start from a stuck one. A node held to a sliver of a CPU (a `fault cpu`) imports
 TensorFlow for minutes, and its program's CPU time grows all along; a program blocked for good
-uses none. So the guard waits for a standby whose import still moves, and a probe waits past its
+uses none. So a probe waits past its
 timeout for a server that is still busy starting (a cluster's workers wait for their parameter
 servers as long as that takes), while one that used no CPU for a while is said to be stuck.
 """

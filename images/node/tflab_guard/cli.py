@@ -19,8 +19,7 @@ def version(_args):
 
 HANDLERS = {
     "run": "supervise.run", "serve": "supervise.serve", "attach": "supervise.attach",
-    "program": "supervise.program",
-    "hold": "leases.hold", "holders": "leases.has_holders", "standby": "standby.standby", "warm": "standby.warm_state",
+    "hold": "leases.hold", "holders": "leases.has_holders",
     "probe": "probe.probe", "alive": "probe.alive", "stop": "stopping.stop", "ended": "memory.ended",
     "metrics": "metrics.metrics",
 }

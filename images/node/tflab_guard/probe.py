@@ -11,7 +11,7 @@ def probe(args):
     """PROBE_SERVING once HOST:PORT accepts (name resolution retried: a swarm service resolves once its task
     runs), PROBE_ENDED when KEY's process ended first (with --id, that start's: an earlier one's record stays
     until the new start's guard begins); at --timeout, PROBE_TIMEOUT, or with --quiet,
-    PROBE_BUSY when KEY's processes (or the standby its program waits for) used the CPU in the last --quiet
+    PROBE_BUSY when KEY's processes used the CPU in the last --quiet
     seconds, printed as `busy SECONDS` (the CPU time they used in this probe). With --while-busy, the probe
     answers PROBE_TIMEOUT as soon as they used no CPU for --quiet seconds (stuck), and PROBE_BUSY at --timeout.
     It looks a few times a second: it runs in the server's node, whose CPU may be a sliver (a `fault cpu`)."""
@@ -43,13 +43,8 @@ def probe(args):
 
 
 def _working(key):
-    """(what to watch, how to read its CPU ticks): KEY's process group, or while its program waits for the
-    node's standby, the standby (importing TensorFlow)."""
+    """(what to watch, how to read its CPU ticks): KEY's process group."""
     pgid = registry.read_pid(key)
-    if pgid is None:
-        from tflab_guard import standby  # (a probe that watches nothing need not load the standby's code)
-
-        pgid = registry.read_pid(standby.KEY)
     return pgid, busy.group_ticks if pgid is not None else (lambda _none: None)
 
 

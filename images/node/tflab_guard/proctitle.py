@@ -1,10 +1,8 @@
-"""The process title: what `ps` and `top` show for a program running in an interpreter of tflab's.
+"""The guard's own title: what `ps` and `top` show for it (`tflab-guard run KEY`), never its program's command line.
 
-A program handed to the warm interpreter would otherwise show as `python3 guard.pyz
-standby`, and its CPU and memory as tflab's. Like setproctitle, this writes the title over
-the memory the kernel shows as the command line (argv, then the environment's strings,
-which Python no longer uses once the environment is set again), and sets the short
-name `top` shows. Best effort: where it cannot, the title stays as it was.
+A user's `pkill -f train.py` must reach the program alone, as on a cluster's machine. Like setproctitle, this
+writes the title over the memory the kernel shows as the command line (argv, then the environment's strings,
+which Python no longer uses once the environment is set again), and sets the short name `top` shows. Best effort: where it cannot, the title stays as it was.
 """
 
 import os

@@ -16,7 +16,7 @@ import json
 import os
 import signal
 
-VERSION = 5  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
+VERSION = 6  # said by `guard.pyz version`; a lab whose nodes run an older guard is told to `tflab up`
 GUARD_PATH = "/usr/local/share/tflab/guard.pyz"
 GUARD = ["python3", GUARD_PATH]
 PROG = "tflab-guard"
@@ -37,8 +37,6 @@ LEASE_S = float(os.environ.get("TFLAB_GUARD_LEASE_S") or 10.0)
 
 # A lease's holder says this once it holds (`hold`).
 HOLDING = "holding"
-# `warm`'s answers (its exit code): the node's standby is ready; it is being made (importing); there is none.
-WARM_READY, WARM_MAKING, WARM_NONE = 0, 1, 2
 
 # A probe's answers (its exit code): the port accepts; the server's process ended first; not serving at the
 # timeout (and, asked to tell, its processes used no CPU lately: it is stuck); not serving but busy starting.
@@ -169,48 +167,6 @@ class Ending(object):
 
     def __repr__(self):
         return "Ending(%r, %r, %r)" % (self.code, self.signal, self.reason)
-
-
-# The standby's own words, on its unix socket (standby.py): it says TAKEN to the one guard whose claim it took; that
-# guard hands it a program (a Handover, its three descriptors beside it), and it answers with the program's pid.
-STANDBY_TAKEN = b"taken\n"
-
-
-class Handover(object):
-    """A `--warm` guard's program for the node's standby: its key, words, environment, folder and stop grace."""
-
-    def __init__(self, key, argv, env, cwd, grace=STOP_GRACE_S):
-        self.key, self.argv, self.env, self.cwd, self.grace = key, list(argv), dict(env), cwd, float(grace)
-
-    def message(self):
-        return json.dumps({"key": self.key, "argv": self.argv, "env": self.env, "cwd": self.cwd,
-                           "grace": self.grace}, sort_keys=True).encode()
-
-    @classmethod
-    def parse(cls, message):
-        """The Handover of a message, or None for anything else."""
-        try:
-            data = json.loads(message.decode())
-            handover = cls(data["key"], data["argv"], data["env"], data["cwd"], data.get("grace", STOP_GRACE_S))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
-        if not (handover.argv and all(isinstance(word, str) for word in handover.argv)):
-            return None
-        return handover
-
-    @staticmethod
-    def started(pid):
-        """The standby's answer: the program runs, with this pid."""
-        return (json.dumps({"pid": pid}) + "\n").encode()
-
-    @staticmethod
-    def read_started(line):
-        """The pid in the standby's answer, or None (it died as it took the program)."""
-        try:
-            pid = json.loads(line)["pid"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
 class Sample(object):
@@ -404,7 +360,6 @@ def _owned(parser):
     parser.add_argument("key")
     parser.add_argument("--grace", type=float, default=STOP_GRACE_S)
     parser.add_argument("--lease", help="stop the process when this lease lapses (tflab is gone)")
-    parser.add_argument("--warm", action="store_true", help="hand a Python program to this node's standby")
     _command(parser)
 
 
@@ -421,7 +376,6 @@ def parser():
     p = verbs.add_parser("run", help="a process attached to tflab")
     _owned(p)
     p.add_argument("--wait-for-go", action="store_true", help="start it once tflab says go")
-    p.add_argument("--preload", action="store_true")
     p.add_argument("--id", help="this start's own word: a probe given it counts this start's ending, no earlier one")
     _ends_in_stream(p)
     p = verbs.add_parser("serve", help="a server shared by tflab's execs")
@@ -438,9 +392,6 @@ def parser():
     p.add_argument("holder")
     p = verbs.add_parser("holders", help="exit 0 while someone holds the lease")
     p.add_argument("lease")
-    p = verbs.add_parser("standby")
-    p.add_argument("--idle", type=float, default=1800.0, help="leave after this many seconds unused")
-    verbs.add_parser("warm")
     verbs.add_parser("version")
     p = verbs.add_parser("probe")
     p.add_argument("address")
@@ -464,8 +415,6 @@ def parser():
     p.add_argument("--force", action="store_true")
     p.add_argument("--protocol", type=int, default=VERSION, help="the protocol tflab speaks (an older guard refuses)")
     p.add_argument("--forget", action="store_true", help="and forget how they ended (before a new run of them)")
-    p = verbs.add_parser("program", help="(internal) a program the guard starts: TensorFlow imported first")
-    p.add_argument("--go-fd", type=int)
     return top
 
 

@@ -236,7 +236,7 @@ def wait_gone(pid_of, timeout):
 def read_pid(key_or_path):
     """The live process group of a pid file, or None. A stale file is removed: the very file read, never one
     written since. (A reader that found no file and then removed the one a starting process had just
-    written left a standby that was never said ready, and a program that a stop could not find.)"""
+    written left a program that a stop could not find.)"""
     path = key_or_path if key_or_path.endswith(".pid") else pid_path(key_or_path)
     pgid, inode = _record(path)
     if pgid is None and inode is not None:

@@ -4,12 +4,12 @@ process's output up again after a broken connection. Asked (`--end-in-stream`), 
 their two streams with the end line (protocol.StreamEnd): how the process ended, and what the
 node kept of its output, which it forgets once tflab answers that it read all of it.
 
-One way to start a program, warm or cold, and one meaning for each ending (protocol.Ending):
-a cold program is the guard's child (subprocess); a warm one is the child of the standby's
-owner (standby.py), which records its end the same way. The program's output goes to files
-in the node (registry.out_paths), followed to tflab's connection from there: a connection
-that breaks, or ends before all of it came through, loses nothing and stops nothing. What
-stops a process is tflab (`stop`), a signal to its guard, or tflab's lease lapsing (tflab is gone).
+A program is started as on a cluster's machine: its command line, a new process in its own
+process group, with nothing of tflab loaded in it; the guard is its parent and records its end
+(protocol.Ending). The program's output goes to files in the node (registry.out_paths),
+followed to tflab's connection from there: a connection that breaks, or ends before all of it
+came through, loses nothing and stops nothing. What stops a process is tflab (`stop`), a signal
+to its guard, or tflab's lease lapsing (tflab is gone).
 """
 
 import os
@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from tflab_guard import commands, groups, leases, memory, proctitle, registry, standby, stopping
+from tflab_guard import commands, groups, leases, memory, proctitle, registry, stopping
 from tflab_guard.connection import Connection
 from tflab_guard.protocol import (DELIVERED_WAIT_S, LAPSED, LEASE_S, LOST, OOM, REFUSED, STOP_GRACE_S, STOPPED, Ending,
                                   StreamEnd)
@@ -27,7 +27,7 @@ from tflab_guard.protocol import (DELIVERED_WAIT_S, LAPSED, LEASE_S, LOST, OOM, 
 POLL_S = 0.1
 HELD_POLL_S = 0.5  # a held program waits for `go` or `stop` (words that wake it at once), a signal, or a lapse
 FOLLOW_IDLE_S = 0.25  # the longest a follower waits between two looks at an output file that does not grow
-OWNER_GONE_S = 2.0  # a warm program gone with no word from its owner for this long: its end is lost
+OWNER_GONE_S = 2.0  # a process gone with no guard and no record of its end for this long: its end is lost
 
 
 class Follower(threading.Thread):
@@ -128,31 +128,17 @@ def on_signals(handler):
         signal.signal(signum, handler)
 
 
-class Cold(object):
-    """A program as the guard's own child: started now (`preload`: a guard interpreter that imports
-    TensorFlow while held, then runs it) or once released."""
+class Program(object):
+    """The program of a command line, the guard's own child once started: a new session (its own process group),
+    its command line as it is, the guard's environment with the line's own settings."""
 
-    def __init__(self, plan, env, out, err, preload):
+    def __init__(self, plan, env, out, err):
         self.plan, self.env, self.out, self.err = plan, env, out, err
         self.child = None
-        self.go = None
-        if preload:
-            read_end, self.go = os.pipe()
-            argv = [sys.executable, sys.argv[0], "program", "--go-fd", str(read_end), "--"] + plan.argv
-            self.child = self._popen(argv, pass_fds=(read_end,))
-            os.close(read_end)
 
-    def _popen(self, argv, pass_fds=()):
-        return subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
-                                start_new_session=True, pass_fds=pass_fds)
-
-    def release(self):
-        if self.go is not None:
-            os.write(self.go, b"g")
-            os.close(self.go)
-            self.go = None
-        elif self.child is None:
-            self.child = self._popen(self.plan.argv)
+    def start(self):
+        self.child = subprocess.Popen(self.plan.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=self.out,
+                                      stderr=self.err, start_new_session=True)
         return self.child.pid
 
     def pgid(self):
@@ -166,37 +152,6 @@ class Cold(object):
         if self.plan.kind == "shell" and 128 < code < 128 + 65:
             return -(code - 128)  # sh reports its command's signal so: the signal it was
         return code
-
-
-class Warm(object):
-    """A Python program handed to the node's standby (TensorFlow imported already); the standby's owner is
-    its parent and records its end."""
-
-    def __init__(self, key, plan, env, claimed, out, err, grace):
-        self.key, self.plan, self.env, self.claimed = key, plan, env, claimed
-        self.out, self.err, self.grace = out, err, grace
-        self.pid = None
-        self.gone_since = None
-
-    def release(self):
-        self.pid = standby.hand_over(self.key, self.plan.argv, self.env, self.claimed, self.out.fileno(),
-                                     self.err.fileno(), self.grace)
-        return self.pid
-
-    def pgid(self):
-        return self.pid
-
-    def running(self):
-        if registry.read_exit(self.key) is not None:
-            return False
-        if self.pid is not None and groups.group_alive(self.pid):
-            self.gone_since = None
-            return True
-        self.gone_since = self.gone_since or time.monotonic()
-        return time.monotonic() - self.gone_since < OWNER_GONE_S
-
-    def ending(self):
-        return registry.read_exit(self.key) or Ending(255, None, LOST)
 
 
 def refuse(key, refusal, write):
@@ -247,49 +202,30 @@ def run(args):
     def told_to_stop():
         return bool(signalled) or connection.stop_asked.is_set() or watch.lapsed()
 
-    program = None
-    python_program = commands.can_run_here(plan, env)
-    # A line that sets its own variables runs as a new process: a warm interpreter read the old ones.
-    if args.warm and python_program and not plan.env:
-        claimed = standby.claim(given_up=told_to_stop)
-        if claimed is not None:
-            program = Warm(key, plan, env, claimed, out, err, args.grace)
-    if program is None:
-        program = Cold(plan, env, out, err, preload=args.preload and python_program and not told_to_stop())
-    if program.pgid() is not None:
-        registry.write_pid(key, program.pgid())
-    # Held until `go`; told to stop first (while it waited for the standby, or was held), it never starts. A
-    # `stop` wakes a held wait as `go` does (it sets both): what releases a program is a `go` with no stop.
+    program = Program(plan, env, out, err)
+    # Held until `go`; told to stop first, it never starts. A `stop` wakes a held wait as `go` does (it sets
+    # both): what releases a program is a `go` with no stop.
     if args.wait_for_go:
         while not connection.released.is_set() and not told_to_stop():
             connection.released.wait(HELD_POLL_S)
     if told_to_stop():
-        stopper(program.pgid(), STOPPED if signalled or connection.stop_asked.is_set() else LAPSED)
-    released = stopper.why is None
-    if released:
-        registry.write_pid(key, program.release())
+        stopper(None, STOPPED if signalled or connection.stop_asked.is_set() else LAPSED)
+    if stopper.why is not None:  # stopped while held: it never ran
+        ending = Ending.never_ran(stopper.why)  # recorded as that: no signal reached a program
+    else:
+        registry.write_pid(key, program.start())
         while program.running():
             if signalled or connection.stop_asked.is_set():
                 stopper(program.pgid())
             elif watch.lapsed():
                 stopper(program.pgid(), LAPSED)
             time.sleep(POLL_S)
-    if not released:  # stopped while held: it never ran
-        if program.pgid() is not None:
-            groups.stop_group(program.pgid(), 0, force=True)
-            program.child.wait()
-        ending = Ending.never_ran(stopper.why)  # recorded as that: no signal reached a program
-    elif isinstance(program, Warm):
-        ending = program.ending()
-    else:
         ending = oom.ending(program.status(), registry.stopped_why(key))
     registry.write_exit(key, ending)
     if ending.reason == OOM:
         err.write((memory.oom_sentence() + "\n").encode())
     _end_output(args, key, ending, (out, err), followers, connection)
     leases.leave(lease, key)
-    if args.warm:
-        standby.ensure()  # for the next program, where this one found none (or it has gone)
     registry.unlink(registry.guard_path(key))
     return ending.status()
 
@@ -322,22 +258,6 @@ def tell_end(key, ending, connection):
             registry.unlink(path)
 
 
-def program(args):
-    """(internal) The program of a `run --preload`: TensorFlow imported while held, then the program as
-    __main__ once the guard says go (one byte on --go-fd; its end without one: stopped)."""
-    try:
-        import tensorflow  # noqa: F401  (the point: paid while the servers start)
-    except Exception:  # noqa: BLE001 - the program will import it itself and say why
-        pass
-    if args.go_fd is not None:
-        go = os.read(args.go_fd, 1)
-        os.close(args.go_fd)
-        if not go:
-            return 128 + signal.SIGTERM
-    proctitle.set_title(commands.command_line(args.argv), os.path.basename(args.argv[0]))
-    return commands.run_program(args.argv)
-
-
 def serve(args):
     """A server shared by tflab's execs: lives while its lease is held (without one, until `stop`)."""
     key = args.key
@@ -363,27 +283,19 @@ def serve(args):
     def lease_lapsed():
         return watch is not None and watch.lapsed() and time.monotonic() - started > LEASE_S
 
-    program = None
-    if args.warm and commands.can_run_here(plan, env) and not plan.env:
-        claimed = standby.claim(given_up=lambda: bool(signalled) or lease_lapsed())
-        if claimed is not None:
-            program = Warm(key, plan, env, claimed, log, log, args.grace)
-    if program is None:
-        program = Cold(plan, env, log, log, preload=False)
-    registry.write_pid(key, program.release())
+    program = Program(plan, env, log, log)
+    registry.write_pid(key, program.start())
     while program.running():
         if signalled:
             stopper(program.pgid())
         elif lease_lapsed():
             stopper(program.pgid(), LAPSED)
         time.sleep(POLL_S)
-    ending = program.ending() if isinstance(program, Warm) else oom.ending(program.status(), registry.stopped_why(key))
+    ending = oom.ending(program.status(), registry.stopped_why(key))
     registry.write_exit(key, ending)
     if ending.reason == OOM:
         log.write((memory.oom_sentence() + "\n").encode())
     registry.unlink(registry.guard_path(key))
-    if args.warm:
-        standby.ensure()
     return ending.status()
 
 
