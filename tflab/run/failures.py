@@ -20,6 +20,7 @@ import yaml
 
 CATALOG_FILE = "failures.yaml"
 TAIL_LINES = 400  # of a node's log: its failure is at its end (a traceback, the errors before it)
+WINDOW = 3  # lines a message may go on over (TF1's `... No such file or directory` then `[[{{node save/SaveV2}}]]`)
 DIAGNOSED = ("failed", "stalled")  # the verdicts whose node's output is looked at
 
 
@@ -31,12 +32,12 @@ class Failure:
     pattern: re.Pattern[str]
     cause: str
     cure: str
-    seen: str  # a real line it finds
-    where: str  # where that line was seen
-    unlike: str  # a line it must not find
+    seen: tuple[tuple[str, str], ...]  # real output it finds (a line, or a few), and where each was seen
+    unlike: tuple[str, ...]  # lines it must not find
 
-    def finds(self, line: str) -> bool:
-        return self.pattern.search(line) is not None
+    def finds(self, text: str) -> bool:
+        """Whether `text` (a line, or a few joined by newlines) shows this failure."""
+        return self.pattern.search(text) is not None
 
     def as_dict(self) -> dict[str, str]:
         """What run.json keeps of it (`nodes.NODE.diagnosis`)."""
@@ -48,15 +49,21 @@ def catalog() -> tuple[Failure, ...]:
     """Every known failure, in the order they are tried (the specific first)."""
     text = files("tflab.run").joinpath(CATALOG_FILE).read_text()
     return tuple(Failure(id=entry["id"], pattern=re.compile(entry["pattern"]), cause=entry["cause"],
-                         cure=entry["cure"], seen=entry["seen"], where=entry["where"], unlike=entry["unlike"])
+                         cure=entry["cure"], seen=tuple((seen["line"], seen["where"]) for seen in entry["seen"]),
+                         unlike=tuple(entry["unlike"]))
                  for entry in yaml.safe_load(text))
 
 
+def windows(lines: list[str]) -> list[str]:
+    """Each line, and each line with the WINDOW - 1 after it (a message that goes on over lines)."""
+    return [*lines, *("\n".join(lines[i:i + WINDOW]) for i in range(len(lines) - 1))]
+
+
 def diagnose(lines: Iterable[str]) -> Failure | None:
-    """The first known failure (in the catalog's order) that one of `lines` shows, or None."""
-    kept = list(lines)
+    """The first known failure (in the catalog's order) that `lines` show, or None."""
+    kept = windows(list(lines))
     for failure in catalog():
-        if any(failure.finds(line) for line in kept):
+        if any(failure.finds(text) for text in kept):
             return failure
     return None
 
@@ -102,8 +109,12 @@ def markdown_table() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    rows = ["| what you see | why | the cure |", "| --- | --- | --- |"]
+    def shown(line: str) -> str:
+        line = " ".join(line.split())
+        return line if len(line) <= 110 else line[:107] + "..."
+
+    rows = ["| id | what you see, and where it was seen | why | the cure |", "| --- | --- | --- | --- |"]
     for failure in catalog():
-        shown = failure.seen if len(failure.seen) <= 110 else failure.seen[:107] + "..."
-        rows.append(f"| `` {cell(shown)} `` ({cell(failure.where)}) | {cell(failure.cause)} | {cell(failure.cure)} |")
+        seen = "<br>".join(f"`` {cell(shown(line))} `` ({cell(where)})" for line, where in failure.seen)
+        rows.append(f"| `{failure.id}` | {seen} | {cell(failure.cause)} | {cell(failure.cure)} |")
     return "\n".join(rows) + "\n"
