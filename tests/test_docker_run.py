@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -196,6 +197,23 @@ def test_hung_worker_is_reported_and_stopped(ps_lab: Path, runner, docker_client
            "reported hung and stopped" in result.stdout.replace("\n", " ")
     worker2 = next(line for line in result.stdout.splitlines() if line.startswith("│ worker2"))
     assert "hung" in worker2
+    assert task_processes(docker_client, labfiles.open_lab(ps_lab).project) == {}
+
+
+def test_two_workers_failing_at_once_are_both_failed(ps_lab: Path, runner, docker_client) -> None:
+    """worker1 and worker2 fail together (each ignores the SIGTERM of the run's end, so each ends by itself): both are
+    `failed` with exit code 1, whichever ended the run; the chief, which tflab stopped, is `stopped`."""
+    add_tasks(ps_lab, {"both_fail": "sh -c 'if [ {job_name} = ps ]; then exec python -m http.server 2222; fi; "
+                                    "if [ {node} = worker0 ]; then exec sleep 60; fi; trap \"\" TERM; sleep 2; exit 1'"})
+    result = runner.invoke(cli, ["run", "both_fail", "--lab", str(ps_lab)])
+    assert result.exit_code == 1, result.stdout[-2000:]
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│ ")}
+    for worker in ("worker1", "worker2"):
+        assert "failed" in rows[worker] and "stopped" not in rows[worker], rows[worker]
+    assert "stopped" in rows["worker0"], rows["worker0"]
+    report = json.loads((ps_lab / "runs" / "both_fail" / "run.json").read_text())
+    assert {n: (report["nodes"][n]["verdict"], report["nodes"][n]["exit_code"]) for n in ("worker1", "worker2")} == \
+        {"worker1": ("failed", 1), "worker2": ("failed", 1)}
     assert task_processes(docker_client, labfiles.open_lab(ps_lab).project) == {}
 
 

@@ -93,6 +93,27 @@ def test_a_failing_worker_stops_the_rest_and_names_itself() -> None:
     assert verdicts(machine) == {"ps0": "stopped", "worker0": "stopped", "worker1": "failed", "worker2": "stopped"}
 
 
+def test_two_workers_failing_at_once_are_both_failed_whatever_failed_first() -> None:
+    """The second's exit comes after the first has ended the run; its record says it failed by itself, not that tflab
+    stopped it: `failed`, with its exit code, as the first. A node tflab did stop stays `stopped`."""
+    for first, second in (("worker1", "worker2"), ("worker2", "worker1")):
+        machine = started()
+        actions = feed(machine, [Exited(first, 1, 12.0, ended_by="exited"), Exited(second, 1, 12.01, ended_by="exited"),
+                                 Exited("worker0", 143, 12.3, signal="SIGTERM", ended_by="stopped"),
+                                 Exited("ps0", 143, 12.3, signal="SIGTERM", ended_by="stopped")])
+        assert [a for a in actions if isinstance(a, Finish)] == [Finish(1, "failed", f"{first} failed with exit code 1")]
+        assert verdicts(machine) == {"ps0": "stopped", "worker0": "stopped", "worker1": "failed", "worker2": "failed"}
+        assert machine.nodes[second].exit_code == 1
+    crashed = started()
+    feed(crashed, [Exited("worker1", 1, 12.0, ended_by="exited"),
+                   Exited("worker2", 139, 12.1, signal="SIGSEGV", ended_by="crashed"),
+                   Exited("worker0", 137, 12.2, signal="SIGKILL", ended_by="oom")])
+    assert verdicts(crashed) == {"ps0": "stopped", "worker0": "oom", "worker1": "failed", "worker2": "failed"}
+    unknown = started()
+    feed(unknown, [Exited("worker1", 1, 12.0, ended_by="exited"), Exited("worker2", 1, 12.1)])
+    assert verdicts(unknown)["worker2"] == "stopped", "no record of its own: nothing says it failed by itself"
+
+
 def test_a_worker_whose_container_stopped_is_named_with_why() -> None:
     machine = started()
     actions = machine.handle(Exited("worker1", 137, 12.0, "its container stopped"))

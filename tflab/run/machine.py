@@ -68,6 +68,17 @@ from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, teardow
 from tflab.run.words import Verdict
 
 
+def failed_by_itself(event: Exited) -> Verdict | None:
+    """FAILED (or OOM) where the node's own record says its process failed by itself: it exited with a code other
+    than 0, crashed, or the kernel's out-of-memory killer ended it; None otherwise (tflab stopped it, it succeeded,
+    a signal from outside, or no record says)."""
+    if event.ended_by == protocol.OOM:
+        return Verdict.OOM
+    if event.ended_by == protocol.CRASHED or (event.ended_by == protocol.EXITED and event.code not in (None, 0)):
+        return Verdict.FAILED
+    return None
+
+
 class RunMachine:
     """The verdict of one run, decided from events."""
 
@@ -240,6 +251,13 @@ class RunMachine:
             return self._gang_member_ended(node, event)
         if event.node in self.back_before_end:
             return self._drilled_exit(node, event, self.back_before_end.pop(event.node))
+        failed_itself = failed_by_itself(event)
+        if failed_itself is not None and node.verdict in (Verdict.STOPPED, Verdict.RUNNING, Verdict.HELD) and (
+                node.verdict == Verdict.STOPPED or self.finished):
+            # The run had ended for another reason (a worker that failed a moment before), but its own record says
+            # it failed by itself: failed (or oom), never `stopped`, whatever failed first.
+            node.verdict = failed_itself
+            return self._maybe_done()
         if node.verdict not in (Verdict.RUNNING, Verdict.HELD):
             # Stopped on purpose (served, stopped, hung, interrupted ...): the verdict stands.
             return self._maybe_done()
