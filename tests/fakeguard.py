@@ -1,13 +1,15 @@
 """What the real guard answers, for the host-side tests' fake nodes: held to the real guard.pyz by
 tests/test_guard.py::test_the_fakes_answer_ended_as_the_real_guard_does (its end line too) and
-test_the_fakes_answer_probe_as_the_real_guard_does."""
+test_the_fakes_answer_probe_as_the_real_guard_does, and test_the_fakes_answer_stack_as_the_real_guard_does."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from tflab_guard.protocol import PROBE_BUSY, PROBE_SERVING, PROBE_TIMEOUT, Ending, busy_reply
+from tflab_guard.protocol import (PROBE_BUSY, PROBE_SERVING, PROBE_TIMEOUT, STACK_DUMPED, STACK_NOTHING, Ending,
+                                  busy_reply)
 
 from tflab.engine.attached import End
 
@@ -45,3 +47,14 @@ def probe(argv: list[str], serves_at: float | None, busy: bool, now: Callable[[]
     if busy and quiet is not None and "--key" in argv:
         return PROBE_BUSY, busy_reply(timeout) + "\n"  # it used a whole CPU all along
     return PROBE_TIMEOUT, ""
+
+
+STACKS = Path(__file__).parent / "fixtures" / "stacks"  # real dumps (py-spy 0.4, TensorFlow 2.21), and their programs
+
+
+def stack(dump: str | None) -> tuple[int, str]:
+    """The guard's `stack KEY` (exit code, output) for a process whose stacks are the real dump `dump` (a file of
+    tests/fixtures/stacks: server_join, tf1_session_wait, own_retry_loop), or for no live process (None)."""
+    if dump is None:
+        return STACK_NOTHING, ""
+    return STACK_DUMPED, (STACKS / f"{dump}.txt").read_text()

@@ -193,5 +193,5 @@ def test_tflab_starts_the_nodes_plain_docker_compose_would(labs, runner, compose
     subprocess.run([*compose_argv, "-f", str(lf.compose_path), "up", "-d"], capture_output=True, check=True)
     theirs = {node: node_config(labs.client, lf.project, node) for node in lf.lab.names}
     assert ours == theirs
-    assert ours["worker0"]["cap_add"] == ["NET_ADMIN"]
+    assert ours["worker0"]["cap_add"] == ["NET_ADMIN", "SYS_PTRACE"]
     assert ours["worker0"]["aliases"] == sorted(["worker0", f"{lf.project}-worker0-1"])

@@ -193,8 +193,11 @@ def test_hung_worker_is_reported_and_stopped(ps_lab: Path, runner, docker_client
     assert result.exit_code == 1
     # Never a step: it may sleep through TF's 30 s recovery wait, so it gets that much more.
     assert 33 <= time.monotonic() - started < 75
-    assert "tflab: worker2 never printed a training step and still waited 33s after the chief finished: " \
-           "reported hung and stopped" in result.stdout.replace("\n", " ")
+    text = " ".join(result.stdout.split())
+    assert "tflab: worker2 never printed a training step and still waited 33s after the chief finished (where it " \
+           "waits could not be read): reported hung and stopped" in text, "no guessed cause: it is no Python program"
+    assert "tflab: where worker2 waits could not be read: no Python process to read: it runs sh -c" in text
+    assert "device_filters" not in text
     worker2 = next(line for line in result.stdout.splitlines() if line.startswith("│ worker2"))
     assert "hung" in worker2
     assert task_processes(docker_client, labfiles.open_lab(ps_lab).project) == {}

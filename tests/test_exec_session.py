@@ -50,8 +50,9 @@ class FakeNodes:
     """Nodes whose guard answers as the real one: holders say `holding` (after `hold_delay`), servers serve."""
 
     def __init__(self, program: tuple[list[str], int | None, float], hold_delay: float = 0.0,
-                 serving: set[str] | None = None) -> None:
+                 serving: set[str] | None = None, stack: str | None = "tf1_session_wait") -> None:
         self.program = program
+        self.stack = stack  # the real dump (tests/fixtures/stacks) its program's stacks show, while it runs
         self.hold_delay = hold_delay
         self.serving = set(serving or ())
         self.calls: list[tuple[float, str, str]] = []  # (when, node, verb)
@@ -84,6 +85,9 @@ class FakeNodes:
             return (1, "")
         if verb == "ended":
             return fakeguard.ended(self.node_process.code, self.node_process.closed.is_set())
+        if verb == "stack":
+            running = hasattr(self, "node_process") and not self.node_process.ended.is_set()
+            return fakeguard.stack(self.stack if running else None)
         return 0, ""
 
     def spawn(self, node, argv, env=None, workdir="/"):

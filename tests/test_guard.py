@@ -807,6 +807,36 @@ def test_the_fakes_answer_ended_as_the_real_guard_does(guard, verb, python: Path
     assert (real.returncode, real.stdout) == fakeguard.ended(None, False)
 
 
+def test_the_fakes_answer_stack_as_the_real_guard_does(guard, python: Path, zipapp: Path, env, state: Path,
+                                                       tmp_path: Path) -> None:
+    """`stack KEY`: py-spy's dump of the program, which the host reads (run/waits) as the fakes' real dumps are read;
+    and for a key whose process has ended, what fakeguard.stack(None) answers."""
+    import fakeguard
+    import sysconfig
+
+    from tflab.run.waits import WaitKind, where_it_waits
+
+    env = {**env, "PATH": f"{env['PATH']}:{sysconfig.get_path('scripts')}"}  # tflab's py-spy (the node's is shipped)
+    program = tmp_path / "retry.py"
+    program.write_text("import time\n\ndef wait_for_peer():\n    while True:\n        time.sleep(0.2)\n\n"
+                       "wait_for_peer()\n")
+    child = guard("run", "run:t:worker1", "--shell", f"{python.name} {program}", env=env)
+    with renewing(child):
+        assert wait_for(lambda: (state / "run:t:worker1.pid").exists())
+        time.sleep(0.5)
+        real = subprocess.run([str(python), str(zipapp), "stack", "run:t:worker1"], capture_output=True,
+                              universal_newlines=True, env=env, timeout=60)
+        assert real.returncode == fakeguard.stack("own_retry_loop")[0], real.stderr
+        wait = where_it_waits(real.stdout)
+        assert wait.kind == WaitKind.OWN and wait.at == "wait_for_peer (retry.py:5) ← <module> (retry.py:7)", real.stdout
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        assert child.wait(timeout=20) == 143
+    gone = subprocess.run([str(python), str(zipapp), "stack", "run:t:worker1"], capture_output=True,
+                          universal_newlines=True, env=env, timeout=60)
+    assert (gone.returncode, gone.stdout) == fakeguard.stack(None)
+
+
 OLD_GUARDS_ANSWER = (2, "usage: tflab-guard [-h]\n                   {run,serve,hold,standby,warm,held,probe,alive,"
                         "metrics,ended,stop}\n                   ...\ntflab-guard: error: unrecognized arguments: "
                         "--protocol 2\n")  # the guard before protocol 2, asked to stop (its real answer)

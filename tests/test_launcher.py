@@ -63,8 +63,10 @@ class FakeExecutor:
     True), never (False), or that many seconds after they were made, using the CPU until then when `busy`."""
 
     def __init__(self, scripts: dict[str, tuple[list[str], int | None, float, bool]],
-                 serving: bool | float = True, busy: bool = False, broken_start: set[str] | None = None) -> None:
+                 serving: bool | float = True, busy: bool = False, broken_start: set[str] | None = None,
+                 stacks: dict[str, str] | None = None) -> None:
         self.scripts = scripts
+        self.stacks = stacks or {}  # node -> the real dump (tests/fixtures/stacks) its running process shows
         made = time.monotonic()
         self.serves_at = (made if serving is True else None if serving is False else made + serving)
         self.busy = busy
@@ -96,6 +98,9 @@ class FakeExecutor:
             return fakeguard.ended(process.code, process.closed.is_set())
         if "stop" in argv and node in self.processes:
             self.processes[node].close()
+        if argv[2] == "stack":
+            running = node in self.processes and not self.processes[node].ended.is_set()
+            return fakeguard.stack(self.stacks.get(node) if running else None)
         return 0, ""
 
     def spawn(self, node, argv, env=None, workdir="/"):

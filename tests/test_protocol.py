@@ -30,6 +30,7 @@ REQUESTS = {
               dict(verb="probe", address="ps0:2222", key="run:train:ps0", timeout=120.0, quiet=15.0, while_busy=True,
                    id="2-ab12cd34")),
     "alive": (guardcmd.alive("serve:train:ps0"), dict(verb="alive", key="serve:train:ps0")),
+    "stack": (guardcmd.stack("run:train:worker1"), dict(verb="stack", key="run:train:worker1")),
     "ended": (guardcmd.ended("run:train:ps0"), dict(verb="ended", key="run:train:ps0")),
     "metrics": (guardcmd.metrics(2.0), dict(verb="metrics", every=2.0, count=0)),
     "stop": (guardcmd.stop(["run:train:*"], grace_s=1.5, force=True, forget=True),

@@ -70,12 +70,13 @@ def test_dockerfile_names_its_base_and_bakes_no_key(tmp_path: Path) -> None:
 
 
 def test_shaped_links_get_net_admin_and_their_settings_and_nothing_else_does(tmp_path: Path) -> None:
+    """Every node may read its own processes' stacks (py-spy: SYS_PTRACE); only a shaped lab changes its network."""
     plain = yaml.safe_load(write(tmp_path / "a").compose_path.read_text())
-    assert "cap_add" not in plain["services"]["worker0"]
+    assert plain["services"]["worker0"]["cap_add"] == ["SYS_PTRACE"]
     assert not any(k.startswith("TFLAB_LINK") for k in plain["services"]["worker0"]["environment"])
     shaped = yaml.safe_load(write(tmp_path / "b", links=Links(rate="100mbit", delay_ms=5.0)).compose_path.read_text())
     worker0 = shaped["services"]["worker0"]
-    assert worker0["cap_add"] == ["NET_ADMIN"]
+    assert worker0["cap_add"] == ["SYS_PTRACE", "NET_ADMIN"]
     assert {k: v for k, v in worker0["environment"].items() if k.startswith("TFLAB_LINK")} == {
         "TFLAB_LINK_RATE": "100mbit", "TFLAB_LINK_BURST": "125000", "TFLAB_LINK_DELAY_MS": "5"}
 

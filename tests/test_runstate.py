@@ -6,16 +6,20 @@ import random
 
 import pytest
 
+import fakeguard
+
 from tflab.run.events import (
     Began,
     Exited,
     Finish,
+    Inspect,
     Interrupt,
     NotServing,
     Printed,
     Release,
     Say,
     Serving,
+    Stacks,
     Start,
     Stop,
     Tick,
@@ -43,6 +47,12 @@ def started(plan: RunPlan = PLAN) -> RunMachine:
 
 def verdicts(machine: RunMachine) -> dict[str, str]:
     return {name: node.verdict for name, node in machine.nodes.items()}
+
+
+def stacks(node: str, t: float, dump: str | None) -> Stacks:
+    """`node`'s stacks as the guard answers them: a real dump of tests/fixtures/stacks, or none (no process)."""
+    code, output = fakeguard.stack(dump)
+    return Stacks(node, t, output if code == 0 else None, None if code == 0 else "its process had ended")
 
 
 def test_servers_first_then_the_held_workers_are_released_once_they_serve() -> None:
@@ -170,12 +180,16 @@ def test_a_silent_worker_after_the_chief_is_hung_and_stopped() -> None:
     feed(machine, [Printed("worker2", 8.0, 10), Printed("worker2", 9.0, 20), Exited("worker0", 0, 10.0),
                    Exited("worker1", 0, 10.0)])
     assert machine.handle(Tick(39.0)) == []
-    actions = machine.handle(Tick(40.5))
-    assert actions == [Stop(("worker2",))]
+    assert machine.handle(Tick(40.5)) == [Inspect(("worker2",))], "where it waits is read first"
+    actions = machine.handle(stacks("worker2", 41.0, "own_retry_loop"))
+    assert actions == [Say("worker2 waits in the program's own code: with_retries.<locals>.wrap.<locals>.wrapped "
+                           "(retry.py:9) ← main (retry.py:19)"), Stop(("worker2",))]
     assert machine.nodes["worker2"].verdict == "hung"
-    assert machine.handle(Exited("worker2", 143, 41.0)) == [
+    assert machine.handle(Exited("worker2", 143, 41.5)) == [
         Stop(("ps0",)),
-        Finish(1, "hung", "worker2 still running 30s after the chief finished, silent for 30s: reported hung and stopped"),
+        Finish(1, "hung", "worker2 still running 30s after the chief finished, silent for 31s, waiting in the program's "
+                          "own code (with_retries.<locals>.wrap.<locals>.wrapped (retry.py:9) ← main (retry.py:19)): "
+                          "reported hung and stopped"),
     ]
 
 
@@ -202,27 +216,78 @@ def test_a_late_worker_ending_35s_after_the_chief_is_ok() -> None:
 
 
 def test_a_late_worker_still_waiting_is_the_classic_hang_with_its_cure() -> None:
+    """The late-worker verdict and its cure only where the stack shows the session's wait (TF1's SessionManager)."""
     machine = started()
     feed(machine, [Printed("worker2", 6.0, None), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0)])
     assert machine.handle(Tick(69.0)) == []  # the recovery wait (30 s) and the grace (30 s) are its due
-    assert machine.handle(Tick(70.5)) == [Stop(("worker2",))]
+    assert machine.handle(Tick(70.5)) == [Inspect(("worker2",))]
+    actions = machine.handle(stacks("worker2", 70.8, "tf1_session_wait"))
+    assert actions[0] == Say("worker2 waits in TF1's SessionManager for the chief's session (SessionManager."
+                             "wait_for_session (session_manager.py:457) ← WorkerSessionCreator.create_session "
+                             "(monitored_session.py:715) ← … ← <module> (late.py:8))")
+    assert actions[1:] == [Stop(("worker2",))]
     actions = machine.handle(Exited("worker2", 143, 71.0))
     assert actions[-1].verdict == "hung"
     problem = actions[-1].problem
-    assert problem.startswith("worker2 never printed a training step and still waited 60s after the chief "
-                              "finished: reported hung and stopped. With TF1's MonitoredTrainingSession this is "
-                              "the classic late worker")
+    assert problem.startswith("worker2 never printed a training step and still waited 61s after the chief "
+                              "finished, in TF1's SessionManager (SessionManager.wait_for_session (")
+    assert "reported hung and stopped. This is the classic late worker" in problem
     assert "recovery_wait_secs" in problem
     assert 'device_filters=["/job:ps", "/job:worker/task:2"]' in problem
+
+
+@pytest.mark.parametrize("dump, where", [
+    ("own_retry_loop", ", waiting in the program's own code (with_retries.<locals>.wrap.<locals>.wrapped (retry.py:9) "
+                       "← main (retry.py:19))"),
+    (None, " (where it waits could not be read)"),
+])
+def test_a_worker_that_never_trained_is_no_late_worker_unless_its_stack_says_so(dump: str | None, where: str) -> None:
+    """Asleep in its own retry loop, or with no stack that could be read: where it waits, and no guessed cure."""
+    machine = started()
+    feed(machine, [Printed("worker2", 6.0, None), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0)])
+    assert machine.handle(Tick(70.5)) == [Inspect(("worker2",))]
+    feed(machine, [stacks("worker2", 71.0, dump) if dump else Tick(91.0)])  # none came: decided after INSPECT_WAIT_S
+    actions = machine.handle(Exited("worker2", 143, 92.0))
+    problem = actions[-1].problem
+    assert problem.startswith(f"worker2 never printed a training step and still waited")
+    assert where + ": reported hung and stopped" in problem and "device_filters" not in problem
+
+
+def test_a_worker_that_only_serves_when_the_chief_succeeded_served_and_the_run_is_ok() -> None:
+    """A chief lab whose workers only serve (server.join(), as the operator's smoke tests do): a TFJob ends it as a
+    success when the chief succeeds; the workers are stopped as a ps is, their verdict `served`."""
+    plan = RunPlan(servers=("ps0",), finishers=("chief", "worker0", "worker1"), chief="chief",
+                   task_index={"chief": 0, "worker0": 0, "worker1": 1})
+    machine = started(plan)
+    feed(machine, [Printed("chief", 7.0, 10), Exited("chief", 0, 10.0)])
+    assert machine.handle(Tick(70.5)) == [Inspect(("worker0", "worker1"))]
+    first = machine.handle(stacks("worker0", 71.0, "server_join"))
+    assert first[0] == Say("worker0 serves: it waits in TensorFlow's Server.join() (Server.join (server_lib.py:185) ← "
+                           "<module> (ps.py:4))")
+    assert first[1].message.startswith("worker0 served: it never trained, and waits in TensorFlow's Server.join() now "
+                                       "that the chief (chief) has succeeded: stopped as a parameter server is")
+    assert "`servers: [ps, worker]`" in first[1].message and first[2:] == [Stop(("worker0",))]
+    feed(machine, [stacks("worker1", 71.1, "server_join"), Exited("worker0", 143, 72.0, signal="SIGTERM",
+                                                                  ended_by="stopped")])
+    assert machine.handle(Exited("worker1", 143, 72.1, signal="SIGTERM", ended_by="stopped")) == [
+        Stop(("ps0",)), Finish(0, "ok")]
+    assert verdicts(machine) == {"ps0": "served", "chief": "ok", "worker0": "served", "worker1": "served"}
 
 
 def test_the_timeout_stops_everything() -> None:
     machine = RunMachine(RunPlan(servers=("ps0",), finishers=("worker0",), chief="worker0", timeout_s=60))
     feed(machine, [Began(0.0), Serving("ps0", 2.0)])
     assert machine.handle(Tick(59.0)) == []
-    assert machine.handle(Tick(61.0)) == [Stop(("ps0", "worker0")),
-                                          Finish(1, "timeout", "the run passed its timeout of 60s")]
+    assert machine.handle(Tick(61.0)) == [Inspect(("ps0", "worker0"))], "where each waits, read before they stop"
+    assert machine.handle(stacks("ps0", 61.5, "server_join"))[1:] == []
+    actions = machine.handle(stacks("worker0", 62.0, "own_retry_loop"))
+    assert actions[1:] == [Stop(("ps0", "worker0")), Finish(1, "timeout", "the run passed its timeout of 60s")]
     assert verdicts(machine) == {"ps0": "timeout", "worker0": "timeout"}
+    assert machine.nodes["worker0"].stack == fakeguard.stack("own_retry_loop")[1]
+    lost = RunMachine(RunPlan(servers=(), finishers=("worker0",), chief="worker0", timeout_s=60))
+    feed(lost, [Began(0.0), Tick(61.0)])
+    assert feed(lost, [Tick(70.0)]) == [] and feed(lost, [Tick(82.0)])[-1] == Finish(
+        1, "timeout", "the run passed its timeout of 60s"), "stacks that never come are waited for 20 s"
 
 
 def test_an_interrupt_stops_everything_and_a_second_one_forces() -> None:
@@ -288,9 +353,11 @@ def test_the_chiefs_end_in_another_terminal_starts_the_grace_of_an_exec(
     feed(machine, [Began(0.0), Printed("worker1", 1.0, 3)])
     assert feed(machine, [Tick(100.0)]) == [], "no chief's end, no hang"
     assert feed(machine, [PeerEnded("worker0", 0, 100.0)]) == [Say("the chief (worker0) has finished")]
-    said = feed(machine, [Tick(106.0)])
-    assert said == [Say("worker1 still running 5s after the chief finished, silent for 6s: it looks hung "
-                        "(Ctrl-C stops it; with --grace tflab stops it)")]
+    assert feed(machine, [Tick(106.0)]) == [Inspect(("worker1",))]
+    said = feed(machine, [Stacks("worker1", 106.5, None, "py-spy is not in this node")])
+    assert said == [Say("where worker1 waits could not be read: py-spy is not in this node"),
+                    Say("worker1 still running 5s after the chief finished, silent for 6s (where it waits could not "
+                        "be read): it looks hung (Ctrl-C stops it; with --grace tflab stops it)")]
     assert feed(machine, [Tick(120.0)]) == [], "said once"
     assert not machine.finished and machine.nodes["worker1"].running
 
@@ -317,8 +384,9 @@ def test_a_worker_that_never_trained_is_hung_whatever_its_runtime_logs() -> None
     machine = started()
     feed(machine, [Printed("worker0", 7.0, 10), Exited("worker0", 0, 10.0), Exited("worker1", 0, 10.0),
                    Printed("worker2", 11.0, leader_gone=True)])
-    actions = machine.handle(Tick(71.0))
-    assert actions == [Stop(("worker2",))] and machine.nodes["worker2"].verdict == "hung"
+    assert machine.handle(Tick(71.0)) == [Inspect(("worker2",))]
+    actions = machine.handle(stacks("worker2", 71.5, "tf1_session_wait"))
+    assert actions[-1] == Stop(("worker2",)) and machine.nodes["worker2"].verdict == "hung"
 
 
 def test_a_teardown_before_a_chief_that_failed_is_no_finish() -> None:

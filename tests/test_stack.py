@@ -43,8 +43,9 @@ def test_reference_stack_by_meaning(tmp_path: Path) -> None:
     assert doc["services"]["ps0"]["deploy"]["placement"] == {"constraints": ["node.labels.tflab.host == gpu-a"]}
     assert doc["networks"]["lab"]["driver"] == "overlay" and doc["networks"]["lab"]["attachable"] is True
     assert {name: s["name"] for name, s in doc["secrets"].items()} == {"lab_key": "key-1", "lab_key_pub": "pub-1"}
-    for absent in ("ulimits", "cap_add", "devices", "shm_size", "build", "restart", "depends_on", "container_name"):
+    for absent in ("ulimits", "devices", "shm_size", "build", "restart", "depends_on", "container_name"):
         assert absent not in worker1, absent
+    assert worker1["cap_add"] == ["SYS_PTRACE"], "py-spy reads where a node's process waits"
     assert "resources" not in worker1["deploy"]
 
 
@@ -52,7 +53,7 @@ def test_links_and_memlock_when_asked(tmp_path: Path) -> None:
     _, doc = stack(tmp_path, links=Links(rate="1gbit"), memlock=-1)
     assert schemas.stack_problems(doc) == []
     worker0 = doc["services"]["worker0"]
-    assert worker0["cap_add"] == ["NET_ADMIN"] and worker0["environment"]["TFLAB_LINK_RATE"] == "1gbit"
+    assert worker0["cap_add"] == ["SYS_PTRACE", "NET_ADMIN"] and worker0["environment"]["TFLAB_LINK_RATE"] == "1gbit"
     assert worker0["ulimits"] == {"memlock": -1}
 
 

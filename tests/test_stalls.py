@@ -9,7 +9,9 @@ beside workers that compute.
 from __future__ import annotations
 
 from tflab.run import stalls
-from tflab.run.events import Began, Busy, Check, Finish, Printed, Serving, Stop, Tick
+import fakeguard
+
+from tflab.run.events import Began, Busy, Check, Finish, Inspect, Printed, Say, Serving, Stacks, Stop, Tick
 from tflab.run.machine import RunMachine
 from tflab.run.runplan import RunPlan
 
@@ -38,10 +40,17 @@ def run(plan: RunPlan, until: float, cpu: dict[str, float], extra: list | None =
 
 
 def test_workers_that_never_join_and_a_cluster_that_does_nothing_make_the_run_stalled() -> None:
-    machine, actions = run(ALLREDUCE, 130.0, {"worker0": IDLE, "worker1": IDLE})
+    dump = fakeguard.stack("own_retry_loop")[1]
+    machine, actions = run(ALLREDUCE, 130.0, {"worker0": IDLE, "worker1": IDLE},
+                           extra=[Stacks("worker0", 123.0, dump), Stacks("worker1", 123.1, dump)])
     assert Check(("worker0", "worker1"), ("worker0", "worker1")) in actions
     assert actions.index(Check(("worker0", "worker1"), ("worker0", "worker1"))) < actions.index(
         Stop(("worker0", "worker1"))), "the look at the cluster comes before the stop"
+    assert actions.index(Inspect(("worker0", "worker1"))) < actions.index(Stop(("worker0", "worker1"))), \
+        "and where each waits (its stacks)"
+    assert Say("worker1 waits in the program's own code: with_retries.<locals>.wrap.<locals>.wrapped (retry.py:9) ← "
+               "main (retry.py:19)") in actions
+    assert machine.nodes["worker1"].stack == dump
     finish = next(a for a in actions if isinstance(a, Finish))
     assert finish == Finish(1, "stalled", "the run is stalled: worker0, worker1 printed no step, and no node of it "
                                           "printed a line or used the CPU for 120s (--stall): they wait for something "
@@ -80,7 +89,7 @@ def test_a_program_that_prints_is_never_stalled_but_tensorflows_own_retries_are_
     _, actions = run(ALLREDUCE, 400.0, {"worker0": IDLE, "worker1": IDLE}, extra=said)
     assert not any(isinstance(a, Finish) for a in actions), "it prints: it goes on (a slow loader saying its files)"
     retries = [Printed("worker0", float(t), runtime=True) for t in range(50, 400, 20)]
-    _, actions = run(ALLREDUCE, 140.0, {"worker0": IDLE, "worker1": IDLE}, extra=retries)
+    _, actions = run(ALLREDUCE, 160.0, {"worker0": IDLE, "worker1": IDLE}, extra=retries)
     assert any(isinstance(a, Finish) and a.verdict == "stalled" for a in actions), \
         "gRPC's connection errors, logged by TensorFlow again and again, are the wait itself"
 
@@ -150,9 +159,9 @@ def test_gRPCs_own_reading_of_the_proxy_variables() -> None:
         ("http_proxy", "p"), "no_grpc_proxy, where set, is read instead of no_proxy"
 
 
-def test_a_cluster_that_reaches_itself_directly_waits_in_its_program() -> None:
+def test_a_cluster_that_reaches_itself_directly_gets_no_guessed_cause() -> None:
     looks = {"worker0": stalls.read_look("worker0", "reach worker1 0\n"),
              "worker1": stalls.read_look("worker1", "reach worker0 0\n")}
     found = stalls.findings(["worker0", "worker1"], looks)
     assert found.said[0].startswith("every node reaches every other node's TensorFlow port directly")
-    assert found.diagnosis["id"] == "stall-in-program"
+    assert found.diagnosis["id"] == "stall-waiting" and found.diagnosis["cure"] == ""

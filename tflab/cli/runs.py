@@ -169,6 +169,9 @@ def show_verdict(out: Console, lf: LabFiles, report: RunReport, folder: Path) ->
         out.print(Text(f"tflab: {report.problem}", style="bold red"), soft_wrap=True)
     for line in failures.said({name: row.diagnosis for name, row in report.nodes.items() if row.diagnosis}):
         out.print(Text(line, style="bold"), soft_wrap=True)
+    for row in report.nodes.values():
+        if row.waits:
+            out.print(Text(f"where: {row.waits}"), soft_wrap=True)
     if report.note:
         out.print(Text(f"tflab: note: {report.note}", style="yellow"), soft_wrap=True)
     limit = report.limit or {}

@@ -88,6 +88,11 @@ def reach(peers: Sequence[str], timeout_s: float = 2.0) -> list[str]:
     return ["sh", "-c", "; ".join([*probes, variables])]
 
 
+def stack(key: str) -> list[str]:
+    """Print the Python stack of every thread of `key`'s processes (py-spy's dump); exit protocol.STACK_*."""
+    return Call("stack", key).argv()
+
+
 def alive(key: str) -> list[str]:
     """Exit 0 while `key`'s process lives."""
     return Call("alive", key).argv()

@@ -18,7 +18,7 @@ from tflab_guard.protocol import Ending
 
 from tflab.engine.attached import OLD_GUARD, End
 from tflab.engine.executors import Executor
-from tflab.engine.guardcmd import ended, probe
+from tflab.engine.guardcmd import ended, probe, stack
 from tflab.errors import TflabError, UserError
 from tflab.host.fanout import parallel
 from tflab.plan.topology import GRPC_PORT
@@ -111,3 +111,19 @@ def check_stopped(answer: tuple[int, str]) -> None:
     """A stop's answer: an older guard's refusal is a sentence naming the fix."""
     if protocol.is_old_guard(*answer):
         raise UserError(OLD_GUARD)
+
+
+def stack_of(executor: Executor, node: str, key: str) -> tuple[str | None, str | None]:
+    """Where `key`'s processes in `node` wait: (py-spy's dump of their threads, None), or (None, why not)."""
+    try:
+        code, output = executor.run(node, stack(key))
+    except TflabError as exc:
+        return None, f"{node} could not be asked ({exc})"
+    if code == protocol.STACK_DUMPED:
+        return output, None
+    if code == protocol.STACK_NOTHING:
+        return None, "its process had ended"
+    if protocol.is_old_guard(code, output):
+        return None, OLD_GUARD
+    lines = [line for line in output.splitlines() if line.strip()]
+    return None, lines[-1].removeprefix("tflab: ") if lines else f"py-spy could not read it (exit {code})"

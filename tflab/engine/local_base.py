@@ -111,7 +111,7 @@ def install_node_files(rootfs: Path) -> None:
     share.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         (share / name).write_bytes(content)
-        (share / name).chmod(0o755 if name.endswith((".sh", ".py", ".pyz")) else 0o644)
+        (share / name).chmod(0o755 if name.endswith((".sh", ".py", ".pyz")) or name == "py-spy" else 0o644)
     (rootfs / "etc" / "ssh" / "sshd_config").write_bytes(files["sshd_config"])
     entrypoint = rootfs / "usr" / "local" / "bin" / "tflab-entrypoint"
     entrypoint.write_bytes(files["entrypoint.sh"])

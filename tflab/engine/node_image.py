@@ -63,7 +63,7 @@ def tar_context(files: dict[str, bytes]) -> io.BytesIO:
         for name, content in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(content)
-            info.mode = 0o755 if name.endswith((".sh", ".py", ".pyz")) else 0o644
+            info.mode = 0o755 if name.endswith((".sh", ".py", ".pyz")) or name == "py-spy" else 0o644
             info.mtime = 0
             tar.addfile(info, io.BytesIO(content))
     buffer.seek(0)

@@ -111,6 +111,9 @@ class LabFiles:
         context = {p.name: p.read_bytes() for p in sorted(self.image_dir.iterdir())
                    if p.is_file() and p.name != image_files.PACKAGES_FILE}
         context[image_files.GUARD_FILE] = image_files.guard_zipapp()
+        spy = image_files.py_spy_binary()  # tflab's too: not written into the lab's folder
+        if spy is not None:
+            context[image_files.PY_SPY] = spy.read_bytes()
         # the packages as tflab.yaml says them now, the requirements files as the code folder holds them now
         return {**context, **image_files.packages_files(self.config, self.requirements())}
 

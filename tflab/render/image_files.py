@@ -10,13 +10,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
+import sys
+import sysconfig
 import zipfile
+from pathlib import Path
 
 from tflab import resources
 from tflab.plan import config as cfg
 from tflab.plan.config import LabConfig
 from tflab.render.templates import render
 
+PY_SPY = "py-spy"  # the static py-spy binary of tflab's own environment (the `py-spy` wheel): where a node waits
 GUARD_PACKAGE = "tflab_guard"
 GUARD_FILE = "guard.pyz"
 GUARD_MAIN = b"import sys\n\nfrom tflab_guard.cli import main\n\nsys.exit(main())\n"
@@ -52,7 +57,20 @@ def node_files() -> dict[str, bytes]:
     folder = resources.path(resources.NODE_IMAGE)
     files = {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.is_file()}
     files[GUARD_FILE] = guard_zipapp()
+    spy = py_spy_binary()
+    if spy is not None:
+        files[PY_SPY] = spy.read_bytes()
     return dict(sorted(files.items()))
+
+
+def py_spy_binary() -> Path | None:
+    """py-spy as tflab's environment has it (a dependency: a static binary, so it runs in any node image), or None."""
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / PY_SPY
+        if candidate.is_file():
+            return candidate
+    found = shutil.which(PY_SPY)
+    return Path(found) if found else None
 
 
 PACKAGES_FILE = "packages.json"  # the lab's packages, in the image (`doctor` and `status` read them there)
@@ -79,8 +97,10 @@ def is_packages_file(name: str) -> bool:
 
 
 def image_context(config: LabConfig, requirements: dict[str, bytes] | None = None) -> dict[str, bytes]:
-    """Every file of the node image's build context, by name (the requirements files: read from the code folder)."""
-    return {"Dockerfile": dockerfile(config).encode(), **node_files(), **packages_files(config, requirements)}
+    """The node image's build context as `gen` writes it into the lab's image/ (the requirements files: read from the
+    code folder); py-spy, tflab's own binary, joins it at build time (LabFiles.image_context), as the guard does."""
+    written = {name: content for name, content in node_files().items() if name != PY_SPY}  # tflab's, added at build
+    return {"Dockerfile": dockerfile(config).encode(), **written, **packages_files(config, requirements)}
 
 
 def image_tag(context: dict[str, bytes], base_id: str = "") -> str:

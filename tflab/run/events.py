@@ -20,6 +20,16 @@ class Began:
 
 
 @dataclass(frozen=True)
+class Stacks:
+    """Where a node's process waits: the stacks of its threads (py-spy's dump), or why none could be read."""
+
+    node: str
+    t: float
+    dump: str | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
 class Serving:
     node: str
     t: float
@@ -114,7 +124,7 @@ class Revived:
 
 
 Event = (Began | Serving | NotServing | Printed | Exited | PeerEnded | Busy | Tick | Interrupt | Injected | Healed
-         | Revived)
+         | Revived | Stacks)
 
 # -- actions -------------------------------------------------------------------------------
 
@@ -170,10 +180,17 @@ class Check:
 
 
 @dataclass(frozen=True)
+class Inspect:
+    """Read where each of these nodes' processes waits (their stacks), before what is said of them is decided."""
+
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Finish:
     exit_code: int
     verdict: Verdict
     problem: str | None = None
 
 
-Action = Start | Release | Stop | Say | Check | Finish | Inject | Heal | Revive
+Action = Start | Release | Stop | Say | Check | Inspect | Finish | Inject | Heal | Revive

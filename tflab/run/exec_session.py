@@ -38,7 +38,7 @@ from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
-from tflab.run.events import Action, Began, Interrupt, PeerEnded, Say, Stop
+from tflab.run.events import Action, Began, Inspect, Interrupt, PeerEnded, Say, Stacks, Stop
 from tflab.run.watch import ProcessWatch
 from tflab.run.words import Verdict
 from tflab.run.machine import RunMachine
@@ -291,11 +291,24 @@ class ExecSession:
             for action in actions:  # the node's start and release are the process started above
                 if isinstance(action, Say):
                     self.say(action.message)
+                elif isinstance(action, Inspect) and setup.node in action.nodes:
+                    background(inspect, name="inspect")
                 elif isinstance(action, Stop):
                     if action.force:
                         forced_at[0] = forced_at[0] or self.clock()
                         background(self._force_stop, key, name="force-stop")
                     process.close()  # the guard stops the process group: TERM, then KILL
+
+        def inspect() -> None:
+            """Where this node's process waits (its stacks), kept in its log and told to the machine."""
+            dump, problem = guardwait.stack_of(self.executor, setup.node, key)
+            if dump:
+                try:
+                    log.write(f"--- tflab: where {setup.node} waits (py-spy dump) ---\n{dump.rstrip()}\n".encode())
+                    log.flush()
+                except ValueError:
+                    pass  # the exec has ended meanwhile, its log closed
+            self.events.put(Stacks(setup.node, self.clock(), dump, problem))
 
         def keep_record(now: float) -> None:
             if self.record:  # its steps/s kept current for `tflab top`

@@ -100,7 +100,8 @@ def said(diagnoses: Mapping[str, Mapping[str, str]]) -> list[str]:
     lines = []
     for nodes, diagnosis in by_id.values():
         lines.append(f"cause ({', '.join(nodes)}): {diagnosis['cause']}")
-        lines.append(f"cure: {diagnosis['cure']}")
+        if diagnosis.get("cure"):
+            lines.append(f"cure: {diagnosis['cure']}")
     return lines
 
 

@@ -47,6 +47,7 @@ def node_rows(machine: RunMachine, diagnoses: dict[str, dict[str, str]] | None =
             steps_per_s=None if rate is None else round(rate, 2),
             recent_steps_per_s=None if recent is None else round(recent, 2),
             diagnosis=(diagnoses or {}).get(name),
+            waits=None if node.wait is None or not node.wait.known else node.wait.sentence(name), stack=node.stack,
         )
     return rows
 

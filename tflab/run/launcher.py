@@ -40,6 +40,7 @@ from tflab.run.events import (
     Healed,
     Inject,
     Injected,
+    Inspect,
     Interrupt,
     NotServing,
     Release,
@@ -47,6 +48,7 @@ from tflab.run.events import (
     Revived,
     Say,
     Serving,
+    Stacks,
     Start,
     Stop,
 )
@@ -205,6 +207,9 @@ class Launcher:
                 self._say(action.message)
             elif isinstance(action, Check):
                 self._check(action)
+            elif isinstance(action, Inspect):
+                for name in action.nodes:
+                    background(self._inspect, name, name=f"inspect-{name}")
             elif isinstance(action, Finish):
                 self.on_state("stopping", self.machine)
             elif isinstance(action, (Inject, Heal, Revive)):
@@ -301,6 +306,15 @@ class Launcher:
         self.stall = stalls.findings(action.stalled, looks)
         for sentence in self.stall.said:
             self._say(sentence)
+
+    def _inspect(self, name: str) -> None:
+        """Where `name`'s process waits (its stacks), kept in its log whole and told to the machine (Stacks)."""
+        dump, problem = guardwait.stack_of(self.executor, name, protocol.run_key(self.setup.task, name))
+        handle = self.logs.get(name)
+        if handle is not None and dump:
+            handle.write(f"--- tflab: where {name} waits (py-spy dump) ---\n{dump.rstrip()}\n".encode())
+            handle.flush()
+        self.events.put(Stacks(name, self.clock(), dump, problem))
 
     def _probe(self, name: str, key: str, start_id: str) -> None:
         """Wait for a server to serve (guardwait.await_serving): Serving, or NotServing saying why not; a server

@@ -31,6 +31,8 @@ the drill's faults it tracks in run/drills.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tflab_guard import protocol
 
 from tflab.plan.faults import ENDS_PROCESS
@@ -48,6 +50,7 @@ from tflab.run.events import (
     Healed,
     Inject,
     Injected,
+    Inspect,
     Interrupt,
     NotServing,
     Printed,
@@ -57,6 +60,7 @@ from tflab.run.events import (
     Revived,
     Say,
     Serving,
+    Stacks,
     Start,
     Stop,
     Tick,
@@ -64,8 +68,21 @@ from tflab.run.events import (
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import FINISHER, SERVER, SIDECAR, RunPlan
 from tflab.run.stalls import StallRule
-from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, teardown_message
+from tflab.run.verdicts import how_it_ended, hung_message, node_verdict, served_message, teardown_message
+from tflab.run.waits import WaitKind, where_it_waits
 from tflab.run.words import Verdict
+
+# How long a decision waits for the stacks it asked for (Inspect); then it is made without them, and says so.
+INSPECT_WAIT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A run's end that waits for the stacks of its nodes still running (a stall, a timeout): then `_end(*end)`."""
+
+    nodes: tuple[str, ...]
+    asked: float
+    end: tuple[Verdict, int, str, Verdict]
 
 
 def failed_by_itself(event: Exited) -> Verdict | None:
@@ -111,6 +128,9 @@ class RunMachine:
         self.gang: set[str] = set()  # finishers being stopped for a restart of them all
         self.gang_restarts = 0
         self.stall_rule = StallRule(plan.stall_s)
+        self.inspecting: dict[str, float] = {}  # nodes whose stacks were asked for (Inspect), and when
+        self.hung_pending: dict[str, float] = {}  # finishers past the chief's grace, judged once their stacks come
+        self.deferred: Deferred | None = None
 
     # -- the one entry point -------------------------------------------------------------------
 
@@ -145,6 +165,8 @@ class RunMachine:
             return self._healed(event)
         if isinstance(event, Revived):
             return self._revived(event)
+        if isinstance(event, Stacks):
+            return self._stacks(event)
         raise TypeError(f"not an event: {event!r}")
 
     @property
@@ -328,22 +350,24 @@ class RunMachine:
         if self.finished or self.began is None:
             return []
         plan = self.plan
+        if self.deferred is not None:
+            return self._decide(t)
         if plan.timeout_s is not None and t - self.began > plan.timeout_s:
-            return self._end(Verdict.TIMEOUT, 1, f"the run passed its timeout of {plan.timeout_s:g}s",
-                             verdict_for_running=Verdict.TIMEOUT)
+            return self._end_after_stacks(t, (Verdict.TIMEOUT, 1, f"the run passed its timeout of {plan.timeout_s:g}s",
+                                              Verdict.TIMEOUT))
         drill, stalled = self._drill_tick(t)
         if stalled:
             return drill
         waiting = self._stalled(t)
         if waiting:
-            return drill + self._stall(waiting)
+            return drill + self._stall(waiting, t)
         if self.chief_ended is None:
             return drill
         hung: list[str] = []
         finished: list[str] = []
         for name in plan.finishers:
             node = self.nodes[name]
-            if not node.running or name in self.hung_reported:
+            if not node.running or name in self.hung_reported or name in self.hung_pending:
                 continue
             if node.progressed:
                 quiet_since = max(self.chief_ended, node.last_output or self.chief_ended)
@@ -352,8 +376,6 @@ class RunMachine:
                 deadline = self.chief_ended + plan.recovery_wait_s + plan.grace_s
             if t > deadline:
                 (finished if self._tearing_down(node) else hung).append(name)
-        if not hung and not finished:
-            return drill
         actions: list[Action] = drill
         for name in finished:
             self.hung_reported.add(name)
@@ -361,20 +383,85 @@ class RunMachine:
             actions.append(Say(message))
             if plan.stop_hung:
                 self.nodes[name].verdict, self.nodes[name].reason = Verdict.OK, message
-        for name in hung:
+        if hung:  # where each waits is read before anything is said of it
+            for name in hung:
+                self.hung_pending[name] = self.inspecting[name] = t
+            actions.append(Inspect(tuple(hung)))
+        if finished and plan.stop_hung:
+            actions.append(Stop(tuple(finished)))
+        return actions + self._decide(t) + (self._maybe_done() if finished and plan.stop_hung else [])
+
+    def _stacks(self, event: Stacks) -> list[Action]:
+        """A node's stacks, asked for: kept, said, and what waited on them decided."""
+        node = self.nodes.get(event.node)
+        if node is None or self.inspecting.pop(event.node, None) is None:
+            return []
+        node.stack, node.wait = event.dump, where_it_waits(event.dump)
+        said = (node.wait.sentence(event.node) if node.wait.known
+                else f"where {event.node} waits could not be read" + (f": {event.problem}" if event.problem else ""))
+        return [Say(said)] + self._decide(event.t)
+
+    def _heard(self, name: str, asked: float, t: float) -> bool:
+        """Whether `name`'s stacks came, or were waited for long enough."""
+        return name not in self.inspecting or t - asked > INSPECT_WAIT_S
+
+    def _decide(self, t: float) -> list[Action]:
+        """What waited on stacks, decided once they came (or were waited for long enough)."""
+        if self.finished:
+            self.deferred = None
+            self.hung_pending.clear()
+            return []
+        if self.deferred is not None:
+            deferred = self.deferred
+            if not all(self._heard(name, deferred.asked, t) for name in deferred.nodes):
+                return []
+            self.deferred = None
+            verdict, code, problem, for_running = deferred.end
+            return self._end(verdict, code, problem, verdict_for_running=for_running)
+        ready = [name for name, asked in self.hung_pending.items() if self._heard(name, asked, t)]
+        if not ready:
+            return []
+        plan = self.plan
+        actions: list[Action] = []
+        stopped: list[str] = []
+        for name in ready:
+            del self.hung_pending[name]
+            self.inspecting.pop(name, None)
             node = self.nodes[name]
+            if not node.running:
+                continue  # it ended while its stacks were read: its end speaks for it
             self.hung_reported.add(name)
-            message = hung_message(self.plan, self.nodes[name], t, self.chief_ended)
+            if node.wait is not None and node.wait.kind == WaitKind.SERVES and not node.progressed:
+                # A worker that only serves (server.join(), as the operator's smoke tests do) when the chief has
+                # succeeded: a server, stopped as a ps is (a TFJob succeeds with its chief).
+                message = served_message(plan, name)
+                actions.append(Say(message))
+                if plan.stop_hung:
+                    node.verdict, node.reason = Verdict.SERVED, message
+                    stopped.append(name)
+                continue
+            message = hung_message(plan, node, t, self.chief_ended)
             if not plan.stop_hung:
                 actions.append(Say(message))  # said once; stopping it is the user's call
                 continue
             node.verdict = Verdict.HUNG
             node.reason = message
             self.problems.append(message)
-        if not plan.stop_hung:
-            return actions
-        actions.append(Stop(tuple(hung + finished)))
-        return actions + self._maybe_done()
+            stopped.append(name)
+        if stopped:
+            actions.append(Stop(tuple(stopped)))
+        return actions + (self._maybe_done() if stopped else [])
+
+    def _end_after_stacks(self, t: float, end: tuple[Verdict, int, str, Verdict]) -> list[Action]:
+        """End the run once the stacks of its nodes still running are read (where each waited), or now."""
+        still = tuple(name for name in self.running() if self.nodes[name].started is not None)
+        if not still:
+            verdict, code, problem, for_running = end
+            return self._end(verdict, code, problem, verdict_for_running=for_running)
+        for name in still:
+            self.inspecting[name] = t
+        self.deferred = Deferred(still, t, end)
+        return [Inspect(still)]
 
     def _stalled(self, t: float) -> list[str]:
         """The finishers that never printed a step, where nothing of the run printed or computed for stall_s (not
@@ -383,8 +470,9 @@ class RunMachine:
             return []
         return self.stall_rule.waiting(t, self._released_t, self.nodes, self.plan.finishers)
 
-    def _stall(self, waiting: list[str]) -> list[Action]:
-        """The run is stalled: who waits is named, every node asked who it reaches, then everything stops."""
+    def _stall(self, waiting: list[str], t: float) -> list[Action]:
+        """The run is stalled: who waits is named, every node asked who it reaches and where it waits (its stacks),
+        then everything stops."""
         silence = f"{self.plan.stall_s:g}s"
         for name in waiting:
             node = self.nodes[name]
@@ -393,8 +481,10 @@ class RunMachine:
         problem = (f"the run is stalled: {', '.join(waiting)} printed no step, and no node of it printed a line or "
                    f"used the CPU for {silence} (--stall): they wait for something that does not come")
         self.problems.append(problem)
-        check: list[Action] = [Check(tuple(self.running()), tuple(waiting))]
-        return check + self._end(Verdict.STALLED, 1, problem, verdict_for_running=Verdict.STOPPED)
+        for name in waiting:
+            self.inspecting[name] = t
+        self.deferred = Deferred(tuple(waiting), t, (Verdict.STALLED, 1, problem, Verdict.STOPPED))
+        return [Check(tuple(self.running()), tuple(waiting)), Inspect(tuple(waiting))]
 
     def _tearing_down(self, node: NodeRun) -> bool:
         """A finisher that trained, and whose runtime then called the chief's coordination service after the
@@ -420,7 +510,8 @@ class RunMachine:
             return []  # still running, or hung and being stopped: their exits end the run
         if not finishers:
             return self._end(Verdict.FAILED, 1, "the drill took down every worker", verdict_for_running=Verdict.STOPPED)
-        if all(n.verdict == Verdict.OK for n in finishers):
+        if all(n.verdict in (Verdict.OK, Verdict.SERVED) for n in finishers) and any(
+                n.verdict == Verdict.OK for n in finishers):
             return self._end(Verdict.OK, 0, None, verdict_for_running=Verdict.SERVED)
         if any(n.verdict == Verdict.HUNG for n in finishers):
             return self._end(Verdict.HUNG, 1, "; ".join(self.problems), verdict_for_running=Verdict.STOPPED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tflab.plan import progress
+from tflab.run.waits import Wait
 from tflab.run.words import Verdict
 
 
@@ -30,6 +31,8 @@ class NodeRun:
     rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself
     serving: bool = False
     quality: list[tuple[float, str, float]] = field(default_factory=list)  # (t, metric, value) as printed
+    stack: str | None = None  # where it waited, as its stacks were read (py-spy's dump), when tflab asked
+    wait: Wait | None = None  # what that dump says (run/waits)
 
     @property
     def running(self) -> bool:

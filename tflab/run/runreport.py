@@ -36,6 +36,8 @@ class NodeRow:
     steps_per_s: float | None = None
     recent_steps_per_s: float | None = None  # over the last seconds, while it runs
     diagnosis: dict[str, str] | None = None  # a known failure its output shows: id, cause, cure (run/failures)
+    waits: str | None = None  # where its stacks showed it waiting, in a sentence (run/waits), when tflab asked
+    stack: str | None = None  # those stacks whole: py-spy's dump of every thread of its processes
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ Read here as a cluster's expert reads it: a node whose port answers from nowhere
 program never started its server); a node whose programs send their peers' connections to a proxy
 (gRPC honours grpc_proxy, https_proxy and http_proxy, and passes by the hosts no_proxy names) waits on
 something that cannot reach them; a pair that cannot reach each other though the port answers elsewhere
-has something between them; and where every port answers directly, the wait is the program's own.
+has something between them; and where every port answers directly, no cause is guessed: where each waits is
+its stack (run/waits), read beside this look.
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def findings(stalled: Sequence[str], looks: Mapping[str, Look]) -> Findings:
             waits.append(f"{node} waits for {', '.join(blocked)}" if blocked else
                          f"{node} waits, though every peer's port answers from it")
     if not said:
-        said.append("every node reaches every other node's TensorFlow port directly: the wait is in the program (an "
-                    "address no node has in its own cluster list, rather than TF_CONFIG's? a peer that never asks?)")
+        said.append("every node reaches every other node's TensorFlow port directly: no node stands in another's way "
+                    "(where each waits: its stack)")
     record = {"stalled": list(stalled), "never_joined": never_joined, "unreachable": [list(pair) for pair in cut],
               "proxied": {node: {peer: proxy for peer, (_, proxy) in peers.items()} for node, peers in proxied.items()},
               "waits": waits, "said": said}
@@ -171,13 +172,13 @@ def _diagnosis(never_joined: list[str], joined: list[str], proxied: Mapping[str,
         return {"id": "stall-never-joined",
                 "cause": (f"{', '.join(never_joined)} never started its TensorFlow server: the others wait for it"
                           if joined else "no node started its TensorFlow server"),
-                "cure": "look at what that program does before it makes its strategy or server (its log: "
-                        "runs/TASK/logs/NODE.log); a program must create it on every node"}
+                "cure": "its stack shows what it does instead of making its strategy or server (the `where:` lines; "
+                        "the whole dump in run.json and runs/TASK/logs/NODE.log)"}
     if cut:
         return {"id": "stall-unreachable",
                 "cause": "some node cannot reach another's TensorFlow port",
                 "cure": "heal what cuts them (`tflab fault clear`, a firewall rule)"}
-    return {"id": "stall-in-program",
-            "cause": "every node reaches every other; the programs wait for something of their own: an address in "
-                     "their own cluster list that no node has, a peer that never asks",
-            "cure": "let the program read the cluster from TF_CONFIG (or the task's placeholders); see its log"}
+    return {"id": "stall-waiting",
+            "cause": "every node reaches every other node's TensorFlow port; the stalled nodes wait (where: the lines "
+                     "above, each one's stack in run.json and its log)",
+            "cure": ""}

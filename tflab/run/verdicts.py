@@ -5,6 +5,7 @@ from __future__ import annotations
 from tflab.run.events import Exited, Finish
 from tflab.run.noderun import NodeRun
 from tflab.run.runplan import RunPlan
+from tflab.run.waits import Wait, WaitKind
 from tflab.run.words import Verdict
 
 
@@ -17,27 +18,47 @@ def how_it_ended(event: Exited) -> str:
 
 
 def hung_message(plan: RunPlan, node: NodeRun, t: float, chief_ended: float | None) -> str:
-    """Why `node`, still running at `t` after the chief ended, is hung: with the late worker's cause and cure
-    where it never printed a step."""
+    """Why `node`, still running at `t` after the chief ended, is hung, from where its stacks show it waits: the late
+    worker's cause and cure only where it waits in TF1's SessionManager; else where it waits, and no guessed cure."""
     name = node.name
     after = t - (chief_ended or t)
     what = ("reported hung and stopped" if plan.stop_hung
             else "it looks hung (Ctrl-C stops it; with --grace tflab stops it)")
+    wait = node.wait
     if not node.progressed:
-        index = plan.task_index.get(name)
-        task = f"/job:worker/task:{index}" if index is not None else "/job:worker/task:N"
-        return (
-            f"{name} never printed a training step and still waited {after:.0f}s after the chief "
-            f"finished: {what}. With TF1's MonitoredTrainingSession this is the "
-            f"classic late worker: it asked before the chief was ready, slept through "
-            f"recovery_wait_secs ({plan.recovery_wait_s:g}s), and its session now waits for the "
-            f"chief's server forever; give the session "
-            f'config=tf.compat.v1.ConfigProto(device_filters=["/job:ps", "{task}"])'
-        )
+        if wait is not None and wait.kind == WaitKind.SESSION:
+            index = plan.task_index.get(name)
+            task = f"/job:worker/task:{index}" if index is not None else "/job:worker/task:N"
+            return (
+                f"{name} never printed a training step and still waited {after:.0f}s after the chief "
+                f"finished, in TF1's SessionManager ({wait.at}): {what}. This is the classic late worker: it asked "
+                f"before the chief was ready, slept through recovery_wait_secs ({plan.recovery_wait_s:g}s), and its "
+                f"session now waits for the chief's server forever; give the session "
+                f'config=tf.compat.v1.ConfigProto(device_filters=["/job:ps", "{task}"])'
+            )
+        return f"{name} never printed a training step and still waited {after:.0f}s after the chief finished{_where(wait)}: {what}"
     return (
         f"{name} still running {plan.grace_s:g}s after the chief finished, silent for "
-        f"{t - max(chief_ended or t, node.last_output or 0):.0f}s: {what}"
+        f"{t - max(chief_ended or t, node.last_output or 0):.0f}s{_where(wait)}: {what}"
     )
+
+
+def _where(wait: Wait | None) -> str:
+    """`, in the program's own code (f (a.py:3) ← ...)`: where its stacks show it waits, or that they could not be read."""
+    if wait is None or wait.kind == WaitKind.UNKNOWN:
+        return " (where it waits could not be read)"
+    if wait.kind == WaitKind.OWN:
+        return f", waiting in the program's own code ({wait.at})"
+    if wait.kind == WaitKind.SERVES:
+        return f", serving in Server.join() ({wait.at})"
+    return f", waiting in TensorFlow ({wait.at})"
+
+
+def served_message(plan: RunPlan, name: str) -> str:
+    """Why `name`, a worker that never trained and waits in Server.join() after the chief succeeded, is no hung worker."""
+    return (f"{name} served: it never trained, and waits in TensorFlow's Server.join() now that the chief "
+            f"({plan.chief}) has succeeded: stopped as a parameter server is (a TFJob succeeds with its chief). "
+            "A task whose workers only serve says so in tflab.yaml: `servers: [ps, worker]`")
 
 
 def teardown_message(plan: RunPlan, name: str, after: float) -> str:

@@ -27,6 +27,8 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
       5 at the timeout when KEY's processes used the CPU in the last Q s (still starting), printing
       `busy SECONDS` (the CPU time they used meanwhile); --while-busy: 4 as soon as they used none for Q s.
   alive KEY                        exits 0 while KEY's process lives.
+  stack KEY                        the Python stack of every thread of KEY's processes (py-spy dump): 0, or 3
+                                   with no live process, 4 where py-spy is missing or refused.
   ended KEY                        prints how KEY's process ended (Ending, JSON), or `unknown`.
   metrics [--every S] [--count N]
       a JSON line every S seconds: the node's CPU time, throttling, memory, OOM kills (its
@@ -38,6 +40,7 @@ protocol.parser's, which the host builds its calls with (protocol.Call):
 The jobs, a module each: `protocol` (what host and guard say), `registry` (records),
 `groups` (process groups), `commands` (how a command line is run), `connection` (tflab's
 words), `supervise` (owned processes),
-`leases`, `stopping`, `memory` (OOM kills), `metrics`, `proctitle`, `probe`, `busy` (whether a
+`leases`, `stopping`, `memory` (OOM kills), `metrics`, `proctitle`, `probe`, `stacks` (where a process waits),
+`busy` (whether a
 process group uses the CPU), and `cli`.
 """

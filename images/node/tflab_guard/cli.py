@@ -20,7 +20,8 @@ def version(_args):
 HANDLERS = {
     "run": "supervise.run", "serve": "supervise.serve", "attach": "supervise.attach",
     "hold": "leases.hold", "holders": "leases.has_holders",
-    "probe": "probe.probe", "alive": "probe.alive", "stop": "stopping.stop", "ended": "memory.ended",
+    "probe": "probe.probe", "alive": "probe.alive", "stack": "stacks.stack", "stop": "stopping.stop",
+    "ended": "memory.ended",
     "metrics": "metrics.metrics",
 }
 

@@ -38,6 +38,8 @@ LEASE_S = float(os.environ.get("TFLAB_GUARD_LEASE_S") or 10.0)
 # A lease's holder says this once it holds (`hold`).
 HOLDING = "holding"
 
+# `stack`'s answers (its exit code): dumped; no live process of the key; py-spy missing or refused.
+STACK_DUMPED, STACK_NOTHING, STACK_CANNOT = 0, 3, 4
 # A probe's answers (its exit code): the port accepts; the server's process ended first; not serving at the
 # timeout (and, asked to tell, its processes used no CPU lately: it is stuck); not serving but busy starting.
 PROBE_SERVING, PROBE_ENDED, PROBE_TIMEOUT, PROBE_BUSY = 0, 3, 4, 5
@@ -403,6 +405,8 @@ def parser():
     p.add_argument("--while-busy", action="store_true", help="with --quiet: not serving (4) as soon as KEY's "
                                                              "processes used no CPU for QUIET seconds")
     p = verbs.add_parser("alive")
+    p.add_argument("key")
+    p = verbs.add_parser("stack", help="the Python stack of every thread of KEY's processes (py-spy dump)")
     p.add_argument("key")
     p = verbs.add_parser("ended")
     p.add_argument("key")
