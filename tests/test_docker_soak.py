@@ -64,3 +64,27 @@ def test_runs_back_to_back_and_a_sweep_with_the_cpus_busy_never_fail_falsely(lab
             burner.wait()
     assert verdicts == [0] * RUNS
     assert task_processes(docker_client, labfiles.open_lab(lab).project) == {}
+
+
+def test_no_lease_lapses_while_tflab_lives_on_a_host_loaded_four_times_over(labs, runner) -> None:
+    """Five nodes at their default shares, TensorFlow importing in all of them, the host's load at four times its
+    cores and more: tflab is alive throughout, so no process may be stopped for a lapsed lease. Each lease is
+    renewed on the host too (runs/.tflab/leases), which needs nothing of a starved node."""
+    cores = os.cpu_count() or 2
+    lab = labs.gen(nodes=5)
+    add_tasks(lab, {"short": SHORT_TRAIN})
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * cores)]
+    loads = []
+    try:
+        for attempt in range(2):
+            result = runner.invoke(cli, ["run", "short", "--lab", str(lab)])
+            loads.append(os.getloadavg()[0])
+            assert "lease lapsed" not in result.stdout, f"run {attempt + 1}:\n{result.stdout[-3000:]}"
+            assert result.exit_code == 0, f"run {attempt + 1}:\n{result.stdout[-3000:]}"
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert max(loads) >= 4 * cores, f"the host's load stayed at {loads}: not the loaded host this test is about"
+    assert not list((lab / "runs" / ".tflab" / "leases").iterdir()), "each lease's file goes with its run"

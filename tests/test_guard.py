@@ -64,7 +64,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def env(python: Path, state: Path) -> dict[str, str]:
     """The environment of a node whose `python` is the interpreter under test (and whose state folder is `state`)."""
     return {**os.environ, "PATH": f"{python.parent}:{os.environ['PATH']}", "TFLAB_GUARD_STATE": str(state),
-            "TFLAB_GUARD_LEASE_S": str(LEASE_S)}
+            "TFLAB_GUARD_LEASE_S": str(LEASE_S), "TFLAB_GUARD_HOST_LEASES": str(state.parent / "runs-leases")}
 
 
 @pytest.fixture
@@ -286,6 +286,30 @@ def test_a_stop_line_stops_the_whole_group_and_the_end_of_the_connection_does_no
     assert LEASE_S - 0.5 < time.monotonic() - closed < LEASE_S + 2
     assert wait_for(lambda: not live_members(pgid), 5), live_members(pgid)
     assert Ending.from_json((state / "k:close.exit").read_text()) == Ending(143, "SIGTERM", "lease")
+
+
+def test_a_lease_renewed_on_the_host_alone_holds_and_lapses_once_it_is_not(guard, state: Path, env) -> None:
+    """tflab renews each lease on the host too, as a file's mtime in the runs folder (tflab.host.leases, the
+    HostLeases tflab itself uses): no `renew` word reaches this guard, and the program runs on while that file is
+    renewed; once it is not (tflab gone), it lapses within the lease."""
+    from tflab.host.leases import HostLeases
+
+    leases = HostLeases()
+    runs = Path(env["TFLAB_GUARD_HOST_LEASES"]).parent / "runs"  # runs/.tflab/leases is the nodes' HOST_LEASES
+    Path(env["TFLAB_GUARD_HOST_LEASES"]).parent.mkdir(parents=True, exist_ok=True)
+    (runs / ".tflab").mkdir(parents=True)
+    os.symlink(runs / ".tflab" / "leases", env["TFLAB_GUARD_HOST_LEASES"])
+    held = leases.hold(runs, "run:t:worker3")
+    child = guard("run", "run:t:worker3", "--grace", "0.5", "--shell", "sleep 300")  # its connection: silent
+    assert wait_for(lambda: (state / "run:t:worker3.pid").exists())
+    time.sleep(3 * LEASE_S)
+    assert child.poll() is None, "held by the host's renewals alone"
+    leases.release(held)
+    released = time.monotonic()
+    assert child.wait(timeout=LEASE_S + 5) == 143
+    assert time.monotonic() - released < LEASE_S + 2
+    assert Ending.from_json((state / "run:t:worker3.exit").read_text()) == Ending(143, "SIGTERM", "lease")
+    assert not held.exists(), "its file goes with its last holder"
 
 
 def test_a_frozen_node_is_not_a_dead_tflab(guard, state: Path) -> None:

@@ -33,6 +33,7 @@ from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
 from tflab.host.fanout import background, parallel
+from tflab.host.leases import LEASES
 from tflab.host.locks import file_lock
 from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
@@ -98,6 +99,7 @@ class ExecSession:
         self.pid = os.getpid()
         self.owner = f"{self.pid}-{uuid.uuid4().hex[:6]}"  # this exec, among the others (and in its key)
         self.records = history.ExecRecords(setup.records)
+        self.lease_files: list[Path] = []  # its leases' files on the host, renewed while it goes on
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.holders: dict[str, Attached] = {}
         self.exec_nodes: set[str] = set()  # servers that another terminal runs as its own exec
@@ -133,6 +135,7 @@ class ExecSession:
                     self.say(f"{setup.task}: " + (f"resuming from the outputs in {folder}" if setup.resume
                                                  else f"a fresh session, outputs in {folder}"))
                 if setup.servers:
+                    self.lease_files.append(LEASES.hold(setup.runs_dir, protocol.exec_lease(setup.task)))
                     self._hold_and_start_servers(restart=fresh)
                 self.record = {"task": setup.task, "node": setup.node, "id": self.owner, "pid": self.pid,
                                "pid_start": history.process_start(self.pid), "started": self.started_wall,
@@ -150,6 +153,8 @@ class ExecSession:
             if setup.servers:
                 with file_lock(setup.lock):
                     self._release_servers()
+            for path in self.lease_files:
+                LEASES.release(path)
 
     # -- the servers -----------------------------------------------------------------------
 
@@ -280,6 +285,7 @@ class ExecSession:
 
         began = self.clock()
         first = machine.handle(Began(began))
+        self.lease_files.append(LEASES.hold(setup.runs_dir, key))
         self.node_started = True  # from here on an interrupt is queued, and handled below
         process = self.executor.start(setup.node, argv, on_output, watch.exited, env=setup.env, renew=True,
                                       resume=guardcmd.reattach(key))

@@ -27,6 +27,7 @@ from tflab.engine.attached import End
 from tflab.engine.executors import Attached, Executor
 from tflab.errors import TflabError
 from tflab.host.fanout import background, parallel
+from tflab.host.leases import LEASES
 from tflab.plan.faults import Fault
 from tflab.run import stalls
 from tflab.run.events import (
@@ -90,6 +91,7 @@ class RunSetup:
     env: Mapping[str, str]
     log_dir: Path
     stop_grace_s: float = protocol.STOP_GRACE_S
+    runs_dir: Path | None = None  # the lab's runs folder (every node's /runs): its leases are renewed there too
     report_every_s: float = 10.0
     progress: str | None = None  # the task's own progress pattern (tflab.yaml `progress:`)
     node_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per node, what the run's knobs set
@@ -135,6 +137,7 @@ class Launcher:
         self._sink_failed = False
         self._began = 0.0
         self.stall: Findings | None = None
+        self.leases: dict[str, Path] = {}  # key -> its lease's file on the host, renewed while the run goes on
 
     # -- called from other threads and signal handlers -------------------------------------------
 
@@ -182,6 +185,8 @@ class Launcher:
         self._clear([name for name, node in self.machine.nodes.items() if node.ended is None or node.ended_by is None])
         for handle in self.logs.values():
             handle.close()
+        for path in self.leases.values():
+            LEASES.release(path)
         assert self.machine.finish is not None
         last_lines = {name: watch.last_line for name, watch in self.watches.items() if watch.last_line}
         chief_last = last_lines.get(self.plan.chief)
@@ -237,6 +242,8 @@ class Launcher:
             handle.flush()
             watch.output(chunk, is_err)
 
+        if self.setup.runs_dir is not None and key not in self.leases:
+            self.leases[key] = LEASES.hold(self.setup.runs_dir, key)  # before its guard looks at it
         try:
             self.processes[name] = self.executor.start(name, argv, on_output, watch.exited, env=self.setup.env_for(name),
                                                        renew=True, resume=guardcmd.reattach(key))

@@ -55,7 +55,7 @@ class TaskRun:
         self.launcher = Launcher(
             executor, plan,
             RunSetup(definition.name, commands, tasks.task_env(definition.name),
-                     self.folder / history.LOG_DIR, progress=definition.progress, node_env=knob_rules.env_changes(lf.lab, lab, knobs)),
+                     self.folder / history.LOG_DIR, progress=definition.progress, runs_dir=lf.runs_dir, node_env=knob_rules.env_changes(lf.lab, lab, knobs)),
             self.sink, on_state=lambda state, machine: self.record.write(state, machine), injector=injector,
         )
         host_cpus = len(lf.config.host.cpus) or 1

@@ -1,10 +1,13 @@
 """Leases: tflab renews them while it is there; what they hold is stopped once they lapse.
 
-A lease is a folder (/run/tflab/holds/LEASE) of holder files, each renewed (its mtime set)
-by a guard that reads a `renew` word from tflab's connection, every RENEW_EVERY_S. A lease
-is held while one holder was renewed in the last LEASE_S seconds. A connection that breaks
-does not end it: tflab attaches again and renews on. A holder that says `stop` leaves (its
-file goes at once); one whose tflab died (`kill -9`) lapses LEASE_S later.
+A lease is renewed two ways. On the host, tflab sets the mtime of HOST_LEASES/LEASE (the lab's
+runs folder, /runs in every node) every RENEW_EVERY_S, from a thread of its own: nothing of the
+node takes part. And on each connection: a folder (/run/tflab/holds/LEASE) of holder files,
+each renewed by a guard that reads a `renew` word from tflab's connection (the way a node on
+another host, whose /runs tflab may not write, is renewed). A lease is held while either was
+renewed in the last LEASE_S seconds. A connection that breaks does not end it: tflab attaches
+again and renews on. A holder that says `stop` leaves (its file goes at once); one whose tflab
+died (`kill -9`) lapses LEASE_S later.
 """
 
 import os
@@ -12,7 +15,7 @@ import sys
 import time
 
 from tflab_guard import registry
-from tflab_guard.protocol import HOLDING, LEASE_S, RENEW, RENEW_EVERY_S, STOP
+from tflab_guard.protocol import HOLDING, HOST_LEASES, LEASE_S, RENEW, RENEW_EVERY_S, STOP
 
 # A look at a lease this much later than the last one: this process was not running meanwhile (the
 # cgroup freezer of a `pause` drill, `docker pause`, a suspended host), and neither was its reader.
@@ -65,6 +68,20 @@ def holders(lease, now=None):
     return fresh
 
 
+def host_renewed(lease, now=None):
+    """Whether tflab renewed `lease` on the host in the last LEASE_S seconds (its file under HOST_LEASES)."""
+    now = time.time() if now is None else now
+    try:
+        return now - os.stat(os.path.join(HOST_LEASES, lease)).st_mtime <= LEASE_S
+    except OSError:
+        return False
+
+
+def held(lease):
+    """Whether `lease` is held: renewed on the host, or by one of its holders."""
+    return host_renewed(lease) or bool(holders(lease))
+
+
 class Watch:
     """Whether a lease lapsed, as seen from a process that may itself have been frozen.
 
@@ -77,7 +94,7 @@ class Watch:
     def __init__(self, lease, clock=time.monotonic, fresh=None):
         self.lease = lease
         self.clock = clock
-        self.fresh = fresh or holders
+        self.fresh = fresh or held
         self.last = clock()
         self.after = self.last
         self.held_at = None  # when it was last seen held

@@ -33,6 +33,9 @@ RENEW_EVERY_S = 1.0  # how often tflab renews a lease
 # A lease not renewed for this long has lapsed: tflab is gone, its processes are stopped (the guard's own
 # tests shorten it with TFLAB_GUARD_LEASE_S).
 LEASE_S = float(os.environ.get("TFLAB_GUARD_LEASE_S") or 10.0)
+# tflab also renews each lease as a file's mtime here (the lab's runs folder, every node's /runs), from the host:
+# a renewal that needs nothing of the node (tflab/host/leases.py). The guard's tests point it elsewhere.
+HOST_LEASES = os.environ.get("TFLAB_GUARD_HOST_LEASES") or "/runs/.tflab/leases"
 # So every process of a run ends within LEASE_S + STOP_GRACE_S (+ a check's second) of tflab's death.
 
 # A lease's holder says this once it holds (`hold`).
