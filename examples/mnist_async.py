@@ -120,7 +120,8 @@ def main() -> None:
                 # The chief measures the model on the test set as it goes: tflab reads a run's time to an accuracy.
                 quality = (f" accuracy {session.run(accuracy, {x: data['x_test'], y: data['y_test']}):.4f}"
                            if is_chief and not session.should_stop() else "")
-                print(f"{name}: global step {step} loss {batch_loss:.4f}{quality} ({rate:.1f} steps/s here)", flush=True)
+                print(f"{name}: global step {step} (its own step {local_steps}) loss {batch_loss:.4f}{quality} "
+                      f"({rate:.1f} steps/s here)", flush=True)
     print(f"{name}: done after {local_steps} local steps (global step {step})", flush=True)
 
     if is_chief:

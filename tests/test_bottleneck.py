@@ -49,6 +49,20 @@ def test_a_node_busy_at_its_own_share_on_a_busy_host_is_the_design_not_the_host(
     assert found.kind == "ps-cpu" and "host" not in found.evidence
 
 
+def test_a_host_busy_with_work_outside_the_lab_is_the_limit_naming_the_share_others_took() -> None:
+    """The nodes' shares fit the host, yet none reaches its share: the host's CPUs are saturated, by 1.4 CPUs of work
+    that is not the lab's (2 CPUs 95% busy, the nodes using 0.5 of their 2)."""
+    starved = {"ps0": 0.25, "worker0": 0.25, "worker1": 0.25, "worker2": 0.25}
+    found = find(series(starved, host=0.95), shape())
+    assert found == Limit("host", "the host's 2 CPUs were at least 90% busy in 100% of the training, and work outside "
+                                  "the lab's nodes took about 1.4 of them (70%; the nodes used 0.5): no node could use "
+                                  "its share, and its steps/s are this host's, not a cluster's of this shape")
+    idle = find(series(starved, host=0.3), shape())
+    assert idle.kind == "none", "a host with room: the program's own waits"
+    own = find(series({"ps0": 0.9, "worker0": 0.25, "worker1": 0.25, "worker2": 0.25}, host=0.95), shape())
+    assert own.kind == "ps-cpu", "a node at its share is the design's limit, whatever else the host does"
+
+
 def test_one_worker_alone_at_its_share_is_the_straggler() -> None:
     # the design gave every node 0.5 CPU; `tflab fault cpu worker1 0.1` took worker1's down at run time
     found = find(series({"ps0": 0.3, "worker0": 0.45, "worker1": 0.97, "worker2": 0.44}, owned={"worker1": 0.1}),

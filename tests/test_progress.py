@@ -13,21 +13,31 @@ from tflab.plan.progress import ProgressReader, Reading, node_rate, rate
 
 @pytest.mark.parametrize(("line", "reading"), [
     # tflab's examples and most hand-written loops
-    ("worker0: global step 201 loss 0.0859 (46.6 steps/s here)", Reading(step=201)),
+    ("worker0: global step 201 loss 0.0859 (46.6 steps/s here)", Reading(global_step=201)),
+    ("worker0: step 120 (global step 310) loss 0.0859", Reading(step=120, global_step=310)),
+    # a between-graph trainer's line: its own step, and the cluster's
+    ("1512345678.9: Worker 1: training step 232 done (global step: 200)", Reading(step=232, global_step=200)),
+    ("INFO:tensorflow:global_step: 42", Reading(global_step=42)),
+    # a benchmark's rows (tf_cnn_benchmarks): its own step, and the images it moved
+    ("10\timages/sec: 150.7 +/- 4.3 (jitter = 5.1)\t7.402", Reading(step=10)),
+    ("100  images/sec: 148.2 +/- 1.1 (jitter = 4.0)  6.918", Reading(step=100)),
+    ("total images/sec: 148.18", None),
     ("step=5 loss=0.3", Reading(step=5)),
     # the classic books' flag-style distributed programs
-    ("After 100 training steps (100 global steps), loss on training batch is 0.71", Reading(step=100)),
+    ("After 100 training steps (100 global steps), loss on training batch is 0.71", Reading(step=100, global_step=100)),
     ("After 1001 training steps (2954 global steps), loss on training batch is 0.0466. (0.011 sec/batch)",
-     Reading(step=2954)),
-    ("After 1 training step (1 global step), loss on training batch is 2.31", Reading(step=1)),
-    # TF1's hooks, through tf.compat.v1.logging
-    ("INFO:tensorflow:global_step/sec: 123.4", Reading(rate=123.4)),
-    ("I1124 07:20:00.123 140 basic_session_run_hooks.py:692] global_step/sec: 98.5", Reading(rate=98.5)),
+     Reading(step=1001, global_step=2954)),
+    ("After 1 training step (1 global step), loss on training batch is 2.31", Reading(step=1, global_step=1)),
+    # TF1's hooks, through tf.compat.v1.logging: the cluster's rate
+    ("INFO:tensorflow:global_step/sec: 123.4", Reading(global_rate=123.4)),
+    ("I1124 07:20:00.123 140 basic_session_run_hooks.py:692] global_step/sec: 98.5", Reading(global_rate=98.5)),
     ("INFO:tensorflow:loss = 0.1, step = 300 (0.807 sec)", Reading(step=300)),
     # not progress
     ("data: digits, 1437 training and 360 test examples of 64 features", None),
     ("WARNING:tensorflow:From train.py:12: StopAtStepHook", None),
-    ("8/8 - 0s - 11ms/step", None),  # Keras' evaluate: no `Epoch` line before it
+    # a counter with no `Epoch` line before it: a fit of one epoch (Keras prints no `Epoch 1/1`); an `evaluate`
+    # alone reads so too, one after a fit does not (it goes back, or counts another total: below)
+    ("8/8 - 0s - 11ms/step", Reading(step=8)),
     # other steps than the training's (issue 30.4)
     ("INFO:tensorflow:Loss for final step: 0.25.", None),
     ("Skipping step 5", None),
@@ -166,6 +176,17 @@ def test_real_keras_output_counts_its_batches_and_not_evaluate(name: str) -> Non
     steps = [r.step for r in map(reader.read, splitter.feed((FIXTURES / name).read_bytes()) + splitter.rest()) if r]
     assert steps[-1] == 24 and steps == sorted(steps), steps  # evaluate's 8/8 and the second fit never step back
     assert {8, 16, 24} <= set(steps)
+
+
+@pytest.mark.parametrize("name", ["keras3_fit1_verbose1.txt", "keras3_fit1_verbose2.txt"])
+def test_a_fit_of_one_epoch_has_its_steps_read_and_its_evaluate_does_not(name: str) -> None:
+    """Captured from Keras 3 (TensorFlow 2.21) in tflab-base:cpu: fit(epochs=1) of 8 batches, which prints no
+    `Epoch 1/1`, then evaluate of 2 batches."""
+    from tflab.plan.progress import LineSplitter
+
+    splitter, reader = LineSplitter(updates=True), ProgressReader()
+    steps = [r.step for r in map(reader.read, splitter.feed((FIXTURES / name).read_bytes()) + splitter.rest()) if r]
+    assert steps[0] in (1, 8) and steps[-1] == 8 and steps == sorted(steps), steps
 
 
 def test_real_tqdm_output_is_read_as_it_moves() -> None:

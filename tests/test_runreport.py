@@ -33,3 +33,35 @@ def test_a_record_tflab_did_not_write_is_no_record(tmp_path: Path) -> None:
     assert read("[]") is None and read("{") is None
     kept = read('{"task": "train", "state": "running", "detached": true, "added_later": 1}')
     assert kept == RunReport(task="train", state="running", detached=True), "keys of another tflab are left out"
+
+
+def test_each_nodes_own_rate_and_the_clusters_global_rate_are_kept_apart(tmp_path: Path) -> None:
+    """A between-graph run: worker0 made 100 steps of its own, worker1 200, both saw the global step go 0 to 300 in
+    10 s. Each node's steps/s is its own (not 30 each, summing to twice the truth); the cluster's is the global
+    step's, said once. A node that shows only the global step has it labelled as that."""
+    from tflab.cli import views
+    from tflab.plan.topology import Topology, plan
+    from tflab.run.events import Began, Printed, Serving
+    from tflab.run.history import RunRecorder, node_rows
+    from tflab.run.machine import RunMachine
+    from tflab.run.runplan import RunPlan
+
+    machine = RunMachine(RunPlan(servers=("ps0",), finishers=("worker0", "worker1", "worker2"), chief="worker0"))
+    events = [Began(0.0), Serving("ps0", 1.0)]
+    for t in range(0, 11):
+        events += [Printed("worker0", 1.0 + t, step=10 * t, global_step=30 * t),
+                   Printed("worker1", 1.0 + t, step=20 * t, global_step=30 * t),
+                   Printed("worker2", 1.0 + t, global_step=30 * t)]
+    for event in events:
+        machine.handle(event)
+    rows = node_rows(machine)
+    assert (rows["worker0"].steps_per_s, rows["worker1"].steps_per_s, rows["worker2"].steps_per_s) == (10.0, 20.0, None)
+    assert rows["worker2"].global_steps_per_s == 30.0
+    report = RunRecorder(tmp_path, "train", False, 0.0).write("running", machine)
+    assert (report.steps_per_s, report.steps_are_global) == (30.0, True)
+    from rich.console import Console
+
+    console = Console(width=100, record=True)
+    console.print(views.run_summary(plan(Topology(nodes=4), []), rows))
+    text = console.export_text()
+    assert "│ 10.0 " in text and "│ 20.0 " in text and "30.0 (global)" in text

@@ -158,6 +158,9 @@ def run(
 def show_verdict(out: Console, lf: LabFiles, report: RunReport, folder: Path) -> None:
     """The summary table, the problem if any, and where the outputs are."""
     out.print(views.run_summary(lf.lab, report.nodes))
+    if report.steps_per_s and report.steps_are_global:
+        out.print(f"cluster: {report.steps_per_s:.1f} steps/s (the global step's rate; a node's own rate is its own "
+                  "steps', `(global)` where it shows only the global step)", soft_wrap=True)
     if report.knobs:
         out.print(f"knobs: {knob_rules.describe(report.knobs)}", soft_wrap=True)
     if report.faults:

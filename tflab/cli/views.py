@@ -165,13 +165,13 @@ def run_summary(lab: Lab, rows: Mapping[str, NodeRow]) -> Table:
         if row.signal:  # how it ended, as its guard saw it: 139 SIGSEGV, or SIGTERM for a stopped ps
             shown_code = row.signal if shown_code == "-" else f"{shown_code} {row.signal}"
         attempt = row.attempt or 1
-        rate = row.steps_per_s
+        rate, seen = row.steps_per_s, row.global_steps_per_s
         table.add_row(
             node.name,
             role_text(lab, node),
             shown_code,
             _seconds(row.duration_s),
-            f"{rate:.1f}" if rate else "-",
+            f"{rate:.1f}" if rate else f"{seen:.1f} (global)" if seen else "-",
             Text(verdict + (f" (attempt {attempt})" if attempt > 1 else ""),
                  style=verdict_colour(verdict)),
         )

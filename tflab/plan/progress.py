@@ -2,12 +2,15 @@
 
 The lines people's programs really print, each giving a step (or a rate):
 
-- `step 300`, `global step 3`, `step=5`, TF1's hooks' `loss = 0.1, step = 300`
+- `step 300`, `step=5`, TF1's hooks' `loss = 0.1, step = 300`: the program's own step
+- `global step 3`, `global_step: 3`: the cluster's (a between-graph trainer's shared counter); a line with
+  both, `training step 232 done (global step: 200)`, gives each its own
 - the classic books' `After 100 training steps (100 global steps), loss on training batch is 0.71`
-  (the global step counts)
-- TF1's hooks' `global_step/sec: 123.4` (a rate, as it is)
+- TF1's hooks' `global_step/sec: 123.4` (the cluster's rate, as it is)
+- a benchmark's rows, `10  images/sec: 150.7 +/- 4.3 (jitter = 5.1)  7.402` (tf_cnn_benchmarks: its own step)
 - Keras' `Epoch 2/5` and then `120/469 [=====>....]`, `120/469 ━━━━━━━━` or `469/469 - 2s - loss: …`
-  (step = the batches of the epochs before, and this one's); tqdm's and Lightning's bars
+  (step = the batches of the epochs before, and this one's; a fit of one epoch, which prints no `Epoch 1/1`,
+  too); tqdm's and Lightning's bars
   (`Epoch 3:  45%|████▌ | 450/1000 [00:05<…]`)
 - a custom loop's epochs, where the program says nothing finer: TensorFlow's tutorials' `Epoch: 2, accuracy:
   0.98, train_loss: 0.01.` and `Finished epoch 3, accuracy is 1.0.` (its steps are then its epochs)
@@ -29,6 +32,8 @@ STEP_PATTERN = re.compile(r"\bstep[ =:#]+(\d+)(?![\d.]*\d)", re.IGNORECASE)  # n
 NOT_A_STEP = re.compile(r"\b(?:max(?:imum)?|min(?:imum)?|skip(?:ping|ped)?|eval(?:uation)?|final|total|last|"
                         r"first|warm-?up|decay|per|each|every|save[ds]?)[ _]+step\s*$", re.IGNORECASE)
 BOOK_PATTERN = re.compile(r"\bAfter (\d+) training steps? \((\d+) global steps?\)", re.IGNORECASE)
+GLOBAL_STEP = re.compile(r"\bglobal[ _]step[ =:#(]+(\d+)(?![\d.]*\d)", re.IGNORECASE)
+IMAGES_ROW = re.compile(r"^\s*(\d+)\s+(?:images|examples|sentences|tokens)/sec:\s*[0-9.]+")
 RATE_PATTERN = re.compile(r"\bglobal_step/sec: ([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)")
 EPOCH_PATTERN = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # Keras 3 colours its bar even into a pipe
@@ -75,10 +80,12 @@ def tensorflow_error(line: str) -> bool:
 
 @dataclass(frozen=True)
 class Reading:
-    """What one line says of a program's progress: the step it reached, or the rate it reports."""
+    """What one line says of a program's progress: its own step or rate, and the cluster's (the global step)."""
 
     step: int | None = None
     rate: float | None = None
+    global_step: int | None = None
+    global_rate: float | None = None
 
 
 def check_pattern(pattern: str) -> re.Pattern[str]:
@@ -132,18 +139,26 @@ class ProgressReader:
                 return reading
         match = BOOK_PATTERN.search(line)
         if match:
-            return Reading(step=int(match.group(2)))
+            return Reading(step=int(match.group(1)), global_step=int(match.group(2)))
         match = RATE_PATTERN.search(line)
         if match:
-            return Reading(rate=float(match.group(1)))
+            return Reading(global_rate=float(match.group(1)))
+        match = IMAGES_ROW.match(line)
+        if match:
+            return Reading(step=int(match.group(1)))
+        found = GLOBAL_STEP.search(line)
+        if found:  # the cluster's step; the program's own where the line says it too
+            rest = line[:found.start()] + " " + line[found.end():]
+            own = next((int(m.group(1)) for m in STEP_PATTERN.finditer(rest)
+                        if not NOT_A_STEP.search(rest[:m.start() + 4])), None)
+            return Reading(step=own, global_step=int(found.group(1)))
         match = EPOCH_PATTERN.match(line)
         if match:
             self.epoch, self.seen_epoch = int(match.group(1)), True
             return None
         match = KERAS_BAR.match(line)
-        if match:  # a counter before any `Epoch` line is `evaluate` or `predict`, not training, but an epoch's end
-            training = self.seen_epoch or bool(EPOCH_END.search(line))
-            return self._batch(int(match.group(1)), match.group(2)) if training else None
+        if match:  # a fit of one epoch prints no `Epoch 1/1`: its counter counts; `evaluate` after it goes back
+            return self._batch(int(match.group(1)), match.group(2))
         match = TQDM_BAR.match(line)
         if match:
             if match.group(1) is not None:  # Lightning counts its epochs from 0

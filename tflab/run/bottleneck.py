@@ -6,9 +6,10 @@ nodes' shares oversubscribe it or are unset (then the steps/s are this host's, n
 the fidelity warning of network emulators such as Mininet-HiFi). The kinds:
 
 - `memory`: a node's memory reached its limit;
-- `host`: the host's CPUs saturated, the nodes' shares oversubscribing it (or unset); where no node
-  has a share, also tasks waiting for a CPU while the host's CPUs look idle (the kernel's CPU
-  pressure: a quota or cpuset above tflab gives the lab fewer CPUs than the host has);
+- `host`: the host's CPUs saturated, the nodes' shares oversubscribing it (or unset), or work outside
+  the lab taking a share of them (the host busier than the nodes' own use says: its CPU time less
+  theirs); where no node has a share, also tasks waiting for a CPU while the host's CPUs look idle
+  (the kernel's CPU pressure: a quota or cpuset above tflab gives the lab fewer CPUs than the host has);
 - `link`: a node's traffic near its link's rate;
 - `ps-cpu`: a parameter server busy at its CPU share, the workers less so;
 - `worker-cpu`: workers at their share (one alone at it: the straggler);
@@ -33,6 +34,7 @@ STRAGGLER_GAP = 0.25  # one worker at its share, the others this much below: the
 NEAR_LINK = 0.80  # traffic this close to a link's rate (busiest quarter of the samples)
 NEAR_LIMIT = 0.90  # memory this close to a node's limit, at its peak
 MIN_SAMPLES = 3
+OUTSIDE = 0.25  # work outside the lab taking this share of the host's CPUs, while they are saturated: the host's
 
 KINDS = ("memory", "host", "link", "ps-cpu", "worker-cpu", "none")
 
@@ -150,7 +152,21 @@ def find(series: Series, shape: Shape) -> Limit:
     cpu = _cpu(busy, shape, owned, held)
     if cpu is not None:
         return cpu
-    return _nothing(series, shape, owned)
+    return _crowded(series, shape) or _nothing(series, shape, owned)
+
+
+def _crowded(series: Series, shape: Shape) -> Limit | None:
+    """No node at its share while the host's CPUs were saturated, much of them by work outside the lab's nodes."""
+    if len(series.host_busy) < MIN_SAMPLES or _saturated(series) <= MOST:
+        return None
+    outside = _outside(series, shape)
+    if outside < OUTSIDE * shape.host_cpus:
+        return None
+    return Limit("host", f"the host's {shape.host_cpus} CPUs were at least {SATURATED:.0%} busy in "
+                         f"{_saturated(series):.0%} of the training, and work outside the lab's nodes took about "
+                         f"{outside:.1f} of them ({outside / shape.host_cpus:.0%}; the nodes used "
+                         f"{_lab_cpus(series, shape):.1f}): no node could use its share, and its steps/s are this "
+                         "host's, not a cluster's of this shape")
 
 
 def _nothing(series: Series, shape: Shape, owned: Mapping[str, float | None]) -> Limit:
@@ -215,6 +231,17 @@ def _host(series: Series, shape: Shape) -> Limit | None:
                 f"{pressed:.0%} of the training, while {cpus} were {_mean(series.host_busy):.0%} busy on average: "
                 "something above tflab (a CPU quota or cpuset) gives the lab fewer CPUs than the host has")
     return Limit("host", f"{seen}, and {why}: its steps/s are this host's, not a cluster's of this shape")
+
+
+def _lab_cpus(series: Series, shape: Shape) -> float:
+    """The CPUs the lab's nodes used on average over the training (each one's share times what it owned)."""
+    return sum(_mean(values) * (series.owned.get(node) or shape.cpus.get(node) or float(shape.host_cpus))
+               for node, values in series.cpu_share.items() if values)
+
+
+def _outside(series: Series, shape: Shape) -> float:
+    """The CPUs something outside the lab used on average: the host's busy CPUs less the lab's nodes' own use."""
+    return max(0.0, _mean(series.host_busy) * shape.host_cpus - _lab_cpus(series, shape))
 
 
 def _link(series: Series, shape: Shape) -> Limit | None:

@@ -48,8 +48,10 @@ class NotServing:
 class Printed:
     node: str
     t: float
-    step: int | None = None
+    step: int | None = None  # the program's own step
     rate: float | None = None  # steps/s the line reported itself
+    global_step: int | None = None  # the cluster's step (a between-graph trainer's global step), where it says it
+    global_rate: float | None = None  # the cluster's steps/s the line reported (TF1's global_step/sec)
     leader_gone: bool = False  # the line says the coordination service's leader (the chief) is gone
     quality: tuple[tuple[str, float], ...] = ()  # the metrics it printed (plan/quality): accuracy, loss, ...
     runtime: bool = False  # an error TensorFlow's runtime logged (gRPC's retries...), not the program's own words

@@ -19,6 +19,7 @@ from tflab.errors import UserError
 from tflab.host.proc import pid_alive, process_start
 from tflab.plan import progress, quality
 from tflab.run.machine import RunMachine
+from tflab.run.noderun import NodeRun
 from tflab.run.runreport import NUMBER, RUN_FILE, NodeRow, RunReport, holds_types, load
 from tflab.run.words import Verdict
 
@@ -40,16 +41,29 @@ def node_rows(machine: RunMachine, diagnoses: dict[str, dict[str, str]] | None =
     for name, node in machine.nodes.items():
         rate = node.rate()
         recent = node.rate(RECENT_S) if node.running else None
+        seen = node.global_rate()
         rows[name] = NodeRow(
             role=node.role, attempt=node.attempt, exit_code=node.exit_code, verdict=node.verdict,
             reason=protocol.RECORD_REASONS.get(node.ended_by or ""), signal=node.signal, said=node.reason,
             duration_s=None if node.duration is None else round(node.duration, 2),
             steps_per_s=None if rate is None else round(rate, 2),
             recent_steps_per_s=None if recent is None else round(recent, 2),
+            global_steps_per_s=None if seen is None else round(seen, 2),
             diagnosis=(diagnoses or {}).get(name),
             waits=None if node.wait is None or not node.wait.known else node.wait.sentence(name), stack=node.stack,
         )
     return rows
+
+
+def global_counter(machine: RunMachine) -> NodeRun | None:
+    """The finisher whose printed global step best says the cluster's rate: the chief where it says it, else the one
+    that said it most; None where no finisher shows a global step."""
+    order = [machine.plan.chief, *machine.plan.finishers]
+    shown = [machine.nodes[n] for n in order if n in machine.nodes and machine.nodes[n].global_rate() is not None]
+    if not shown:
+        return None
+    chief = machine.nodes.get(machine.plan.chief)
+    return chief if chief in shown else max(shown, key=lambda node: len(node.global_steps) + len(node.global_rates))
 
 
 def quality_of(machine: RunMachine) -> dict[str, Any]:
@@ -85,8 +99,12 @@ class RunRecorder:
               diagnoses: dict[str, dict[str, str]] | None = None, stall: dict[str, Any] | None = None) -> RunReport:
         finish = machine.finish if state == "finished" else None
         chief = machine.nodes.get(machine.plan.chief)
-        rate = chief.rate() if chief is not None else None
-        steady = progress.steady_rate(chief.steps) if chief is not None and finish else None
+        counter = global_counter(machine)
+        if counter is not None:  # the cluster's rate: its global step
+            rate, steady = counter.global_rate(), progress.steady_rate(counter.global_steps) if finish else None
+        else:
+            rate = chief.rate() if chief is not None else None
+            steady = progress.steady_rate(chief.steps) if chief is not None and finish else None
         now = time.time()
         report = RunReport(
             task=self.task, state=state, pid=os.getpid(), pid_start=process_start(os.getpid()),
@@ -95,6 +113,7 @@ class RunRecorder:
             verdict=finish.verdict if finish else None, exit_code=finish.exit_code if finish else None,
             problem=finish.problem if finish else None, result=result,
             steps_per_s=None if rate is None else round(rate, 2),
+            steps_are_global=None if rate is None else counter is not None,
             steady_steps_per_s=None if steady is None else round(steady, 3),
             first_step_s=None if first_step_s is None else round(first_step_s, 2),
             note=note, limit=limit, knobs=self.knobs, cluster=cluster,

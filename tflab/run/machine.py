@@ -254,10 +254,15 @@ class RunMachine:
             node.steps.append((event.t, event.step))
         if event.rate is not None:
             node.rates.append((event.t, event.rate))
+        if event.global_step is not None:
+            node.global_steps.append((event.t, event.global_step))
+        if event.global_rate is not None:
+            node.global_rates.append((event.t, event.global_rate))
         for metric, value in event.quality:
             node.quality.append((event.t, metric, value))
-        if event.step is not None and event.node in self.plan.finishers:
-            self.run_step = max(self.run_step or 0, event.step)
+        reached = event.global_step if event.global_step is not None else event.step  # the run's: the cluster's
+        if reached is not None and event.node in self.plan.finishers:
+            self.run_step = max(self.run_step or 0, reached)
             return self._due(event.t)
         return []
 

@@ -29,6 +29,8 @@ class NodeRun:
     leader_gone: float | None = None  # when it last said the chief's coordination service is gone
     steps: list[tuple[float, int]] = field(default_factory=list)
     rates: list[tuple[float, float]] = field(default_factory=list)  # rates the program reported itself
+    global_steps: list[tuple[float, int]] = field(default_factory=list)  # the cluster's step, as it printed it
+    global_rates: list[tuple[float, float]] = field(default_factory=list)  # the cluster's steps/s it reported
     serving: bool = False
     quality: list[tuple[float, str, float]] = field(default_factory=list)  # (t, metric, value) as printed
     stack: str | None = None  # where it waited, as its stacks were read (py-spy's dump), when tflab asked
@@ -40,13 +42,13 @@ class NodeRun:
 
     @property
     def progressed(self) -> bool:
-        """Whether it reported any training progress (a step, or a rate)."""
-        return bool(self.steps or self.rates)
+        """Whether it reported any training progress (a step, or a rate; its own or the cluster's)."""
+        return bool(self.steps or self.rates or self.global_steps or self.global_rates)
 
     @property
     def last_progress(self) -> float | None:
         """When it last reported progress."""
-        times = [t for t, _ in self.steps[-1:]] + [t for t, _ in self.rates[-1:]]
+        times = [t for series in (self.steps, self.rates, self.global_steps, self.global_rates) for t, _ in series[-1:]]
         return max(times) if times else None
 
     @property
@@ -56,8 +58,12 @@ class NodeRun:
         return max(times) if times else None
 
     def rate(self, window_s: float | None = None) -> float | None:
-        """Its steps per second (over the last `window_s` seconds)."""
+        """Its own steps per second (over the last `window_s` seconds), where it says its own steps."""
         return progress.node_rate(self.steps, self.rates, window_s)
+
+    def global_rate(self, window_s: float | None = None) -> float | None:
+        """The cluster's steps per second as this node saw them (its global step), where it says that."""
+        return progress.node_rate(self.global_steps, self.global_rates, window_s)
 
     @property
     def duration(self) -> float | None:

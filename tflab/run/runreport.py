@@ -33,8 +33,9 @@ class NodeRow:
     signal: str | None = None  # the signal that ended its process, by name
     said: str | None = None  # how it ended in words: "killed by SIGKILL from outside tflab", "its container stopped"
     duration_s: float | None = None
-    steps_per_s: float | None = None
+    steps_per_s: float | None = None  # its own steps' rate, where it says its own steps
     recent_steps_per_s: float | None = None  # over the last seconds, while it runs
+    global_steps_per_s: float | None = None  # the cluster's (its global step's) rate as it saw it, where it says it
     diagnosis: dict[str, str] | None = None  # a known failure its output shows: id, cause, cure (run/failures)
     waits: str | None = None  # where its stacks showed it waiting, in a sentence (run/waits), when tflab asked
     stack: str | None = None  # those stacks whole: py-spy's dump of every thread of its processes
@@ -57,7 +58,8 @@ class RunReport:
     exit_code: int | None = None
     problem: str | None = None
     result: str | None = None  # the chief's last line of its own
-    steps_per_s: float | None = None  # the chief's
+    steps_per_s: float | None = None  # the cluster's: the global step's rate where the program shows one, else the chief's
+    steps_are_global: bool | None = None  # whether steps_per_s is the global step's rate
     steady_steps_per_s: float | None = None  # after the first 20% of the steps: what a sweep compares
     first_step_s: float | None = None
     note: str | None = None

@@ -78,7 +78,7 @@ class ProcessWatch:
         now = self.clock()
         if self.on_step is not None:
             self.on_step(now)
-        self.events.put(Printed(self.node, now, reading.step, reading.rate))
+        self.events.put(Printed(self.node, now, reading.step, reading.rate, reading.global_step, reading.global_rate))
 
     def _line(self, text: str) -> None:
         """A whole line: a sign of life, its metrics and the program's result kept; then shown."""
