@@ -169,8 +169,12 @@ def test_a_lab_file_tflab_cannot_plan_is_one_line_too(runner, tmp_path: Path) ->
 
 def test_unknown_task_names_the_known_ones_and_bad_names_are_refused() -> None:
     config = cfg.LabConfig(name="l", topology=Topology(nodes=1), tasks={"train": cfg.Task("train", "x")})
-    with pytest.raises(UserError, match="no task 'trian' in tflab.yaml; its tasks are: train"):
+    with pytest.raises(UserError, match=r"no task 'trian' in tflab.yaml: did you mean 'train'\? \(its tasks are: train\)"):
         config.task("trian")
+    empty = cfg.LabConfig(name="l", topology=Topology(nodes=1))
+    with pytest.raises(UserError, match=r"no task 'main' in tflab.yaml \(it has none yet\); add it: tflab set --task "
+                                        r"main='python /workspace/YOUR_PROGRAM.py'"):
+        empty.task("main")
     with pytest.raises(UserError, match=r"task name '\.\.' is not a word"):
         config.task("..")
     with pytest.raises(UserError, match="task name 'a b' is not a word"):

@@ -144,7 +144,7 @@ def test_network_faults_need_a_lab_made_for_them(labs, runner) -> None:
     result = runner.invoke(cli, ["fault", "cut", "worker0", "--lab", str(lab)])
     assert result.exit_code == 2
     assert result.stderr.strip() == ("tflab: error: cut changes a node's network, which needs the NET_ADMIN capability: "
-                                     "make the lab with `tflab gen --faults` (or with --link-rate), then `tflab up`")
+                                     "give the lab that: `tflab set --faults` (or --link-rate RATE), then `tflab up`")
     drill = runner.invoke(cli, ["run", "train", "--fault", "slow ps0 1mbit at 5s", "--lab", str(lab)])
     assert drill.exit_code == 2 and "needs the NET_ADMIN capability" in drill.stderr
     assert not (lab / "runs" / "train").exists(), "refused before anything ran"

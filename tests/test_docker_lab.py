@@ -149,8 +149,8 @@ def test_exec_of_unknown_node_or_task_is_one_line(labs, runner) -> None:
     assert node.stderr.strip() == "tflab: error: no node 'worker7' in this lab; its nodes are ps0, worker0"
     task = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "trian"])
     assert task.exit_code == 2
-    assert task.stderr.strip() == ("tflab: error: no task 'trian' in tflab.yaml; its tasks are: allreduce, hello, "
-                                   "ps_strategy, single, train")
+    assert task.stderr.strip() == ("tflab: error: no task 'trian' in tflab.yaml: did you mean 'train'? (its tasks are: "
+                                   "allreduce, hello, ps_strategy, single, train)")
     failing = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "--", "sh", "-c", "exit 7"])
     assert failing.exit_code == 7
 

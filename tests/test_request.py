@@ -68,7 +68,7 @@ def test_a_task_in_use_is_refused_with_how_to_go_on(lab: labfiles.LabFiles) -> N
     ("train", Knobs(workers=2), ("kill worker2 at step 50",),
      "--fault kill worker2: worker2 is not in this run's cluster (ps0, worker0, worker1)"),
     ("train", Knobs(link_rate="10mbit"), (), "--link-rate 10mbit shapes the nodes' links, which needs the NET_ADMIN "
-                                             "capability: make the lab with `tflab gen --link-rate RATE` (or "
+                                             "capability: give the lab that: `tflab set --link-rate RATE` (or "
                                              "`--faults`), then `tflab up`"),
 ])
 def test_what_needs_no_engine_is_refused_before_the_engine_is_asked(lab: labfiles.LabFiles, task: str,

@@ -11,6 +11,7 @@ from tflab.cli import views
 from tflab.cli.common import LabOption, console, err_console
 from tflab.host import labfiles
 from tflab.host.newlab import LabRequest, make_lab
+from tflab.host.setlab import SetRequest, set_lab
 from tflab.plan import config as cfg
 from tflab.plan import shares
 from tflab.plan.topology import LOOPBACK
@@ -100,4 +101,46 @@ def gen(
     if tasks:
         out.print(f"tasks: {', '.join(tasks)} (in tflab.yaml; code in {folder_text(code)}, "
                   f"data in {folder_text(data)})")
+    else:
+        out.print(f"no task yet (code in {folder_text(code)}): add one, as every node runs it: tflab set --task "
+                  f"main='python /workspace/YOUR_PROGRAM.py'{'' if root == Path.cwd().resolve() else f' --lab {lab}'}",
+                  markup=False, soft_wrap=True)
     out.print(f"next: tflab up{'' if root == Path.cwd().resolve() else f' --lab {lab}'}")
+
+
+def set_(
+    nodes: Annotated[int | None, typer.Option(help="Machines in the lab.", rich_help_panel="The lab")] = None,
+    ps: Annotated[int | None, typer.Option(help="Parameter servers.", rich_help_panel="The lab")] = None,
+    chief: Annotated[bool | None, typer.Option("--chief/--no-chief", help="A dedicated coordinator node `chief`.", rich_help_panel="The lab")] = None,
+    evaluator: Annotated[bool | None, typer.Option("--evaluator/--no-evaluator", help="A node `evaluator`.", rich_help_panel="The lab")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs each node owns (of the GPUs tflab.yaml lists).", rich_help_panel="A node's resources")] = None,
+    cpus_per_node: Annotated[str | None, typer.Option(help="auto, 0 (shared) or CPUs per node.", rich_help_panel="A node's resources")] = None,
+    memory_per_node: Annotated[str | None, typer.Option(help="auto, 0 (shared) or a size per node.", rich_help_panel="A node's resources")] = None,
+    shm_size: Annotated[str | None, typer.Option(help="Shared memory of each node.", rich_help_panel="A node's resources")] = None,
+    keras: Annotated[str | None, typer.Option("--keras", help="2: Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1); none: the TensorFlow's own.", rich_help_panel="Images, code and data")] = None,
+    tensorflow: Annotated[str | None, typer.Option("--tensorflow", help="Pin TensorFlow to this version; none: the base's own.", rich_help_panel="Images, code and data")] = None,
+    pip: Annotated[list[str] | None, typer.Option("--pip", help="Add a pip requirement (repeatable).", rich_help_panel="Images, code and data")] = None,
+    apt: Annotated[list[str] | None, typer.Option("--apt", help="Add a Debian/Ubuntu package (repeatable).", rich_help_panel="Images, code and data")] = None,
+    base: Annotated[str | None, typer.Option(help="auto, official, local or an image.", rich_help_panel="Images, code and data")] = None,
+    link_rate: Annotated[str | None, typer.Option(help="Every node's link rate (100mbit, 1gbit); none: unshaped.", rich_help_panel="Links and faults")] = None,
+    link_delay: Annotated[str | None, typer.Option(help="One-way delay in ms of every link; none: no delay.", rich_help_panel="Links and faults")] = None,
+    faults: Annotated[bool | None, typer.Option("--faults/--no-faults", help="Let `tflab fault` slow or cut nodes (NET_ADMIN).", rich_help_panel="Links and faults")] = None,
+    task: Annotated[list[str] | None, typer.Option("--task", help="Add a task, or change its command: NAME=COMMAND (repeatable).", rich_help_panel="Tasks")] = None,
+    drop_task: Annotated[list[str] | None, typer.Option("--drop-task", help="Remove a task (repeatable).", rich_help_panel="Tasks")] = None,
+    lab: LabOption = Path("."),
+) -> None:
+    """Change an existing lab's settings with gen's options: everything not named stays (tasks, code, data, ports)."""
+    request = SetRequest(nodes=nodes, ps=ps, chief=chief, evaluator=evaluator, gpus_per_node=gpus_per_node,
+                         cpus_per_node=cpus_per_node, memory_per_node=memory_per_node, keras=keras,
+                         tensorflow=tensorflow, pip=pip, apt=apt, base=base, shm_size=shm_size, link_rate=link_rate,
+                         link_delay=link_delay, faults=faults, tasks=tuple(task or ()), drop_tasks=tuple(drop_task or ()))
+    written, changes = set_lab(lab, request)
+    out = console()
+    if not changes:
+        out.print("nothing changed: the lab has these settings already")
+        return
+    out.print(f"changed in {written.root / cfg.LAB_FILE}:", markup=False, soft_wrap=True)
+    for change in changes:
+        out.print(f"  {change}", markup=False, soft_wrap=True)
+    out.print(f"next: tflab up{'' if written.root == Path.cwd().resolve() else f' --lab {lab}'}", markup=False,
+              soft_wrap=True)

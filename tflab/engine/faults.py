@@ -64,8 +64,8 @@ class FaultInjector:
     def check(self, fault: Fault) -> None:
         """A one-line error for a fault this lab cannot take."""
         if fault.action in NEEDS_NET_ADMIN and not self.lf.config.net_admin:
-            raise UserError(f"{fault.action} changes a node's network, which needs the NET_ADMIN capability: make "
-                            "the lab with `tflab gen --faults` (or with --link-rate), then `tflab up`")
+            raise UserError(f"{fault.action} changes a node's network, which needs the NET_ADMIN capability: give "
+                            "the lab that: `tflab set --faults` (or --link-rate RATE), then `tflab up`")
         if fault.action == "cpu" and fault.share is not None:
             shares.check_cpus_fit(self.lf.lab.node(fault.node).share, fault.share, len(self.lf.config.host.cpus),
                                   fault.node, f"cpu {fault.node} {fault.share:g}")

@@ -6,6 +6,7 @@ plan/labfile.py (its schema) and plan/taskfile.py (its tasks).
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,8 +305,13 @@ class LabConfig:
         """The task called `name`, or a UserError naming the tasks there are."""
         check_task_name(name)
         if name not in self.tasks:
-            known = ", ".join(sorted(self.tasks)) or "none"
-            raise UserError(f"no task {name!r} in {LAB_FILE}; its tasks are: {known}")
+            close = difflib.get_close_matches(name, list(self.tasks), n=1)
+            if close:
+                raise UserError(f"no task {name!r} in {LAB_FILE}: did you mean {close[0]!r}? (its tasks are: "
+                                f"{', '.join(sorted(self.tasks))})")
+            known = f"its tasks are: {', '.join(sorted(self.tasks))}" if self.tasks else "it has none yet"
+            raise UserError(f"no task {name!r} in {LAB_FILE} ({known}); add it: "
+                            f"tflab set --task {name}='python /workspace/YOUR_PROGRAM.py'")
         return self.tasks[name]
 
     @property

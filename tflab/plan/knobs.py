@@ -86,7 +86,7 @@ def parse_workers(value: int | str | None, lab: Lab) -> int | None:
     least = 0 if any(n.job == "chief" for n in lab.nodes) else 1
     if not least <= count <= have:
         raise UserError(f"--workers {count}: this lab has {have} worker{'s' if have != 1 else ''}, so a run can "
-                        f"use {least} to {have} of them (`tflab gen --nodes` makes a lab with more)")
+                        f"use {least} to {have} of them (`tflab set --nodes N`, then `tflab up`, makes more)")
     return count
 
 
@@ -164,7 +164,7 @@ def check_design(knobs: Knobs, net_admin: bool) -> None:
     """A one-line error where the lab's design cannot take these knobs (its nodes lack NET_ADMIN)."""
     if knobs.link_rate is not None and not net_admin:
         raise UserError(f"--link-rate {knobs.link_rate} shapes the nodes' links, which needs the NET_ADMIN "
-                        "capability: make the lab with `tflab gen --link-rate RATE` (or `--faults`), then "
+                        "capability: give the lab that: `tflab set --link-rate RATE` (or `--faults`), then "
                         "`tflab up`")
 
 
