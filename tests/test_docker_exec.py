@@ -96,6 +96,11 @@ def test_exec_of_a_command_keeps_its_exit_code_and_ssh_keeps_quoting(exec_lab: P
                              "print(1 + 1, 'a b')"], capture_output=True, text=True, timeout=60)
     assert quoted.returncode == 0, quoted.stderr
     assert quoted.stdout == "2 a b\n"
+    line = subprocess.run([sys.executable, "-m", "tflab", "ssh", "--lab", str(exec_lab), "worker1",
+                           "echo $TFLAB_NODE; nproc"], capture_output=True, text=True, timeout=60)
+    assert line.returncode == 0, line.stderr
+    assert line.stdout.splitlines()[0] == "worker1" and line.stdout.splitlines()[1].isdigit(), \
+        "one word is a command line for the node's shell, as ssh runs it"
 
 
 SHORT = ("python /workspace/mnist_async.py --job_name={job_name} --task_index={task_index} --ps_hosts={ps_hosts} "

@@ -110,3 +110,15 @@ def test_bad_values_are_named_before_the_engine_is_asked(runner, lab: Path, monk
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert result.stderr.strip() == f"tflab: error: {message}" or message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_a_mistyped_command_is_told_the_closest_one_and_version_says_tflabs(runner) -> None:
+    from conftest import cli
+
+    typo = runner.invoke(cli, ["rnu"])
+    assert typo.exit_code == 2
+    assert typo.stderr == "tflab: error: no command 'rnu'; did you mean 'run'? (`tflab --help` lists them)\n"
+    far = runner.invoke(cli, ["zzz"])
+    assert far.exit_code == 2 and far.stderr.startswith("tflab: error: No such command 'zzz'")
+    version = runner.invoke(cli, ["--version"])
+    assert version.exit_code == 0 and version.stdout.startswith("tflab ") and "guard protocol" in version.stdout

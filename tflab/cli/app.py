@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
+import importlib.metadata
 import logging
+import platform
 import sys
 import traceback
 from typing import Annotated, Any
@@ -60,6 +63,18 @@ class _Carried(Exception):
 class TflabGroup(TyperGroup):
     """Every error reaches the user as one line on stderr and an exit code, never a traceback (but with -v)."""
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        """A mistyped command gets the closest one named, as a mistyped option does (`tflab rnu`: run)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            name = args[0] if args else ""
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+            if not close or name.startswith("-"):
+                raise
+            raise click.UsageError(f"no command {name!r}; did you mean {close[0]!r}? (`tflab --help` lists them)",
+                                   ctx) from exc
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -109,11 +124,25 @@ app = typer.Typer(
 )
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        from tflab_guard import protocol
+
+        try:
+            version = importlib.metadata.version("tflab")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(not installed)"
+        click.echo(f"tflab {version} (guard protocol {protocol.VERSION}), Python {platform.python_version()}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every command tflab runs; show tracebacks and TensorFlow's start-up lines.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print tflab's version and exit.", callback=_version, is_eager=True)] = False,
 ) -> None:
     """Turn one GPU server into a lab of SSH-enabled TensorFlow machines."""
+    del version  # said by its callback
     SETTINGS.verbose = verbose
     logging.getLogger("tflab").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
@@ -182,6 +211,7 @@ def hoist_options(params: list[click.Parameter], args: list[str]) -> list[str]:
 
 
 app.command("gen", cls=PanelCommand)(gen_cmd.gen)
+app.command("set", cls=PanelCommand)(gen_cmd.set_)
 app.command("base")(lifecycle_cmd.base)
 app.command("build")(lifecycle_cmd.build)
 app.command("up")(lifecycle_cmd.up)

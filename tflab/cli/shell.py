@@ -132,7 +132,7 @@ def _exec_command(side: LabBackend, node: str, argv: list[str], use_tty: bool, v
 
 def ssh(
     node: Annotated[str, typer.Argument(help="The node to open a shell on.")],
-    remote: Annotated[list[str] | None, typer.Argument(help="A command to run instead of a shell.")] = None,
+    remote: Annotated[list[str] | None, typer.Argument(help="A command line to run instead of a shell, as ssh runs it (`tflab ssh worker1 'echo $TF_CONFIG; nproc'`).")] = None,
     lab: LabOption = Path("."),
 ) -> None:
     """Open a shell on NODE over SSH with the lab key, through its published port."""
@@ -146,4 +146,7 @@ def ssh(
     targets = backend(lf).ssh_targets()
     if node not in targets:
         raise UserError(f"node {node} is not running; `tflab up` starts it")
-    sys.exit(proc.interactive(ssh_argv(targets[node], lf.private_key, [], words)))
+    # One word is a command line for the node's shell, as ssh runs it (`'echo $TF_CONFIG; nproc'` runs both); several
+    # keep their quoting (`python -c "print(1, 'a b')"`).
+    remote_line: str | list[str] = words[0] if len(words) == 1 else words
+    sys.exit(proc.interactive(ssh_argv(targets[node], lf.private_key, [], remote_line)))

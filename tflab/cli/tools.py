@@ -60,12 +60,12 @@ def doctor() -> None:
         table.add_column(column)
     marks = {"ok": Text("ok", style="green"), "warn": Text("note", style="yellow"), "fail": Text("MISSING", style="bold red")}
     for check in checks:
-        table.add_row(check.name, marks[check.status], check.detail, check.fix)
+        table.add_row(check.name, marks[check.status], Text(check.detail), Text(check.fix))  # plain: `tflab[compose]`
     out = console()
     out.print(table)
     failed = [c for c in checks if c.status == "fail"]
     if failed:
         for check in failed:
-            out.print(f"missing: {check.name}: {check.detail}; fix: {check.fix}", soft_wrap=True)
+            out.print(f"missing: {check.name}: {check.detail}; fix: {check.fix}", soft_wrap=True, markup=False)
         raise typer.Exit(1)
     out.print("ready for CPU labs" + ("" if any(c.name == "GPUs" and c.status == "ok" for c in checks) else " (no GPU here)"))

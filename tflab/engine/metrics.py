@@ -155,6 +155,7 @@ class ClusterSampler:
         self.host_waiting: float | None = None
 
     def start(self) -> ClusterSampler:
+        """Start each node's metrics (one `docker exec` after another); a close meanwhile ends what it started."""
         for node in self.nodes:
             splitter = LineSplitter()
 
@@ -164,11 +165,17 @@ class ClusterSampler:
                 for line in splitter.feed(chunk):
                     self._sample(node, line)
 
+            if self.stopped.is_set():
+                break
             try:
-                self.processes[node] = self.executor.start(
-                    node, guardcmd.metrics(self.every_s), on_output, lambda _end: None, workdir="/")
+                process = self.executor.start(node, guardcmd.metrics(self.every_s), on_output, lambda _end: None,
+                                              workdir="/")
             except TflabError:
                 continue  # a node that is gone has no figures
+            with self.lock:
+                self.processes[node] = process
+            if self.stopped.is_set():
+                process.close()  # closed while this one started: it ends too
         background(self._tick, name="cluster-tick")
         return self
 
@@ -218,7 +225,9 @@ class ClusterSampler:
 
     def close(self) -> None:
         self.stopped.set()
-        for process in self.processes.values():
+        with self.lock:
+            started = list(self.processes.values())
+        for process in started:
             process.close()
-        for process in self.processes.values():
+        for process in started:
             process.wait(3)

@@ -19,6 +19,7 @@ from typing import Any
 
 from tflab.engine.executors import Executor
 from tflab.engine.metrics import ClusterSampler, Snapshot
+from tflab.host.fanout import background
 from tflab.plan.topology import Lab
 from tflab.run import bottleneck
 from tflab.run.machine import RunMachine
@@ -51,7 +52,8 @@ class ClusterWatch:
                                       every_s=every_s, on_snapshot=self._snapshot)
 
     def start(self) -> ClusterWatch:
-        self.sampler.start()
+        """Start sampling, beside the run: the metrics' execs are not on the way of the servers' start."""
+        background(self.sampler.start, name="cluster-start")
         return self
 
     def _writer(self, node: str) -> Any:
