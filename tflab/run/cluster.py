@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ from tflab.run.machine import RunMachine
 log = logging.getLogger("tflab.cluster")
 CLUSTER_DIR = "cluster"
 RATE_WINDOW_S = 10.0
+
+
+START_AFTER_RELEASE_S = 10.0
 
 
 class ClusterWatch:
@@ -52,9 +56,23 @@ class ClusterWatch:
                                       every_s=every_s, on_snapshot=self._snapshot)
 
     def start(self) -> ClusterWatch:
-        """Start sampling, beside the run: the metrics' execs are not on the way of the servers' start."""
-        background(self.sampler.start, name="cluster-start")
+        """Start sampling once the training does (`_start_when_training`), beside the run."""
+        background(self._start_when_training, name="cluster-start")
         return self
+
+    def _start_when_training(self) -> None:
+        """The nodes' figures are for the training (the limit, the stall rule, the scalars), so each node's metrics
+        start at the workers' first step, or START_AFTER_RELEASE_S after their release at the latest (a run that
+        never steps is judged by them too). Before, their interpreters would only take the CPU of the nodes'
+        TensorFlow imports, which they do not measure."""
+        released_at: float | None = None
+        while not self.sampler.stopped.is_set() and self.machine.finish is None:
+            if self.machine.released:
+                released_at = released_at or time.monotonic()
+                if self._training() or time.monotonic() - released_at >= START_AFTER_RELEASE_S:
+                    self.sampler.start()
+                    return
+            time.sleep(0.2)
 
     def _writer(self, node: str) -> Any:
         writer = self.writers.get(node)
