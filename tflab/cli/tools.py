@@ -69,3 +69,26 @@ def doctor() -> None:
             out.print(f"missing: {check.name}: {check.detail}; fix: {check.fix}", soft_wrap=True, markup=False)
         raise typer.Exit(1)
     out.print("ready for CPU labs" + ("" if any(c.name == "GPUs" and c.status == "ok" for c in checks) else " (no GPU here)"))
+
+
+def graph(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to FILE: a picture (.png, .svg) or Mermaid (.mmd); without it, Mermaid on stdout.")] = None,
+    lab: LabOption = Path("."),
+) -> None:
+    """The lab's topology: every node's role, GPUs, CPUs, memory and SSH port, the network's links, a swarm's hosts."""
+    from tflab.render import graph as topology_graph
+
+    lf = open_lab(lab)
+    if output is None:
+        sys.stdout.write(topology_graph.mermaid(lf.lab, lf.config))
+        return
+    suffix = output.suffix.lower()
+    if suffix not in (*topology_graph.PICTURES, topology_graph.MERMAID):
+        raise UserError(f"-o {output}: write a picture (.png, .svg) or Mermaid (.mmd), not {suffix or 'no extension'}")
+    if not output.parent.is_dir():
+        raise UserError(f"-o {output}: no folder {output.parent}")
+    if suffix == topology_graph.MERMAID:
+        output.write_text(topology_graph.mermaid(lf.lab, lf.config))
+    else:
+        topology_graph.draw(lf.lab, lf.config, output)
+    console().print(f"wrote {output}", markup=False, soft_wrap=True)
