@@ -553,7 +553,7 @@ def test_a_failing_program_shows_its_own_traceback_and_nothing_of_tflab(guard, p
     lines = out.splitlines()
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[1].startswith(f'  File "{program}", line 6'), "the program's own frames, none of the guard's"
-    assert "guard.pyz" not in out and "runpy" not in out and "tflab" not in out
+    assert "guard.pyz" not in out and "runpy" not in out and "tflab_guard" not in out
     assert lines[-1] == "ValueError: bad input"
 
 
