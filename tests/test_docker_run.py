@@ -170,6 +170,26 @@ def test_async_training_ends_with_accuracy_checkpoint_and_no_ps_left(ps_lab: Pat
         assert (run_dir / f"{final}{suffix}").is_file(), f"{final}{suffix} missing"
     assert (run_dir / "logs" / "worker1.log").read_text().count("global step") >= 1
     assert task_processes(docker_client, lf.project) == {}
+    # Its pictures: the trace at once, the timeline and the page a moment later; the page, in a browser, is no
+    # blank page (issue 65).
+    assert f"report: {run_dir / 'report.html'}" in " ".join(out.split())
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"} == {
+        "ps0 (serves)", "worker0 (trains)", "worker1 (trains)", "worker2 (trains)"}
+    deadline = time.monotonic() + 60
+    while not (run_dir / "report.html").is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    from test_docker_tensorboard import OUTPUT, chromium
+
+    OUTPUT.mkdir(exist_ok=True)
+    shot = OUTPUT / "run-report.png"
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1400,1200", f"--screenshot={shot}", (run_dir / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(shot).std() > 0.05, "the page shows something"
+    assert "run train: ok" in (run_dir / "report.html").read_text()
 
     # A second run starts clean: the previous outputs are moved aside, nothing stale is read. It and the
     # resume need an end, not an accuracy: the user shortens the task in tflab.yaml.

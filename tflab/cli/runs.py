@@ -41,7 +41,7 @@ from tflab.plan import faults
 from tflab.plan import knobs as knob_rules
 from tflab.plan.config import check_task_name
 from tflab.plan.tensordump import TensorCut
-from tflab.run import failures, history, runreport
+from tflab.run import failures, history, pictures, runreport
 from tflab.run.bottleneck import Limit
 from tflab.run.request import PreparedRun, RunRequest, execute_run, prepare_run
 from tflab.run.runreport import RunReport
@@ -182,6 +182,9 @@ def show_verdict(out: Console, lf: LabFiles, report: RunReport, folder: Path) ->
         out.print(Text(f"tflab: {Limit(str(limit['kind']), str(limit['evidence'])).sentence()}",
                        style="yellow" if limit["kind"] == "host" else "cyan"), soft_wrap=True)
     out.print(f"outputs: {folder} (logs in {folder / history.LOG_DIR})", soft_wrap=True)
+    if (folder / pictures.TRACE).is_file():
+        out.print(f"report: {folder / pictures.REPORT} (drawn a moment after; timeline.png and trace.json beside it)",
+                  soft_wrap=True, markup=False)
 
 
 def _detach(lf: LabFiles, task: str, options: list[str]) -> None:

@@ -8,6 +8,7 @@ note when the host set the pace.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from tflab.plan import knobs as knob_rules
 from tflab.plan import links, tasks
 from tflab.plan.config import Task
 from tflab.plan.knobs import Knobs
-from tflab.run import failures, history
+from tflab.run import failures, history, pictures
 from tflab.run.cluster import ClusterWatch
 from tflab.run.launcher import Injector, Launcher, RunResult, RunSetup, Sink
 from tflab.run.runplan import RunPlan
@@ -102,6 +103,10 @@ class TaskRun:
                                      cluster=self.watch.series.means() if self.watch is not None else None,
                                      diagnoses=self.diagnoses(result),
                                      stall=result.stall.record if result.stall is not None else None)
+            try:
+                pictures.write(self.folder, self.record.task, result.machine, report)
+            except Exception as exc:  # noqa: BLE001 - a picture that cannot be drawn never fails the run
+                logging.getLogger("tflab.run").warning("the run's pictures were not written: %s", exc)
             return result, report
         finally:
             try:
