@@ -112,6 +112,7 @@ class Lines:
     def __init__(self, fail_after: int | None = None) -> None:
         self.lines: list[tuple[str, str]] = []
         self.events: list[str] = []
+        self.updates: list[tuple[str, str]] = []
         self.fail_after = fail_after
 
     def line(self, node: str, text: str) -> None:
@@ -121,6 +122,9 @@ class Lines:
 
     def event(self, message: str) -> None:
         self.events.append(message)
+
+    def update(self, node: str, text: str) -> None:
+        self.updates.append((node, text))
 
 
 LAB = plan(Topology(nodes=4), [])
@@ -286,3 +290,20 @@ def test_the_quality_a_chief_prints_is_kept_as_numbers_with_its_times(tmp_path: 
     assert [value for _, value in found["quality_series"]["accuracy"]] == [0.81, 0.95, 0.9611]
     times = [t for t, _ in found["quality_series"]["accuracy"]]
     assert times == sorted(times) and times[0] >= 0
+
+
+def test_a_bar_being_redrawn_is_updated_in_place_and_shown_once_as_it_ended() -> None:
+    """A Keras or tqdm bar: each redraw of the line not ended yet goes to `update` (a terminal shows it in place);
+    the line, once ended, is shown once as its last state, not as every redraw run together."""
+    import queue
+
+    from tflab.run.watch import ProcessWatch
+
+    shown, updates = [], []
+    watch = ProcessWatch("worker0", "run:t:worker0", FakeExecutor({}), queue.SimpleQueue(), lambda: 0.0,
+                         show=shown.append, update=updates.append)
+    watch.output(b"Epoch 1/1\n\r 1/3 [....]", False)
+    watch.output(b" - ETA: 4s\r 2/3 [==..] - ETA: 2s", False)
+    watch.output(b"\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\b\r 3/3 [====] - 1s 5ms/step\n", False)
+    assert updates == [" 1/3 [....]", " 2/3 [==..] - ETA: 2s"], "each chunk: the state a terminal shows"
+    assert shown == ["Epoch 1/1", " 3/3 [====] - 1s 5ms/step"]

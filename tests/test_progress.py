@@ -209,3 +209,16 @@ def test_a_worker_outliving_the_chiefs_coordination_service_is_recognised() -> N
     assert all(tensorflow_error(line) and not is_noise(line) for line in lines)  # shown, but no program's result
     assert not tensorflow_error("worker2: final loss 0.031318 test accuracy 0.9694")
     assert not LEADER_GONE.search("worker2: final loss 0.031318 test accuracy 0.9694")
+
+
+@pytest.mark.parametrize("name", ["keras3_fit1_verbose1.txt", "keras3_verbose1.txt", "tqdm.txt"])
+def test_a_line_that_redraws_itself_is_shown_as_its_last_state(name: str) -> None:
+    """What a pipe and output.log's reader see of a bar: one line per bar, as it ended, not every redraw."""
+    from tflab.plan.progress import LineSplitter, displayed
+
+    lines = LineSplitter().feed((FIXTURES / name).read_bytes())
+    shown = [displayed(line) for line in lines]
+    assert all("\r" not in line and "\b" not in line for line in shown)
+    assert max(len(line) for line in shown) < 300, "no enormous line of every redraw"
+    assert displayed("1/3 [..]\r2/3 [=.]\r3/3 [==] - 1s") == "3/3 [==] - 1s"
+    assert displayed("loss: 0.69\b\b\b\b0.5 ") == "loss: 0.5 " and displayed("done\r") == "done"

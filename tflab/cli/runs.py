@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import IO, Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.text import Text
 
 from tflab_guard import protocol
@@ -53,7 +54,10 @@ DETACH_WAIT_S = 240.0
 class TerminalSink:
     """A run's lines with a coloured `[node]` prefix on the terminal, and in output.log as plain text.
 
-    A closed stdout (`tflab run train | head`) stops the run, once; the rest goes to stderr.
+    A line a program redraws (Keras' and tqdm's bars: `\r`, `\b`) shows on a terminal as one line per node, updated
+    in place below the output (Rich's Live), until the program ends it; then, as in a pipe and in output.log, it is
+    printed once, as its last state. A closed stdout (`tflab run train | head`) stops the run, once; the rest goes
+    to stderr.
     """
 
     def __init__(self, lab_names: list[str], output_log: IO[str], terminal: Console | None) -> None:
@@ -63,8 +67,41 @@ class TerminalSink:
         self.broken = False
         self.on_broken = lambda: None
         self.tensors: dict[str, TensorCut] = {}  # per node: a traceback's pages of tensor values, cut to its message
+        self.bars: dict[str, Text] = {}  # per node: its line being redrawn (a progress bar), shown live
+        self.live: Live | None = None
+
+    def update(self, node: str, text: str) -> None:
+        if self.terminal is None or self.broken or not self.terminal.is_terminal:
+            return  # piped: the bar's state when its line ends
+        self.bars[node] = self._prefix(node) + Text(text.strip("\n"))
+        self._refresh()
+
+    def _prefix(self, node: str) -> Text:
+        return Text(f"[{node}] ", style=f"bold {self.colours.get(node, 'white')}")
+
+    def _refresh(self) -> None:
+        assert self.terminal is not None
+        if not self.bars:
+            if self.live is not None:
+                self.live.stop()
+                self.live = None
+            return
+        shown = Group(*self.bars.values())
+        if self.live is None:
+            self.live = Live(shown, console=self.terminal, auto_refresh=False, transient=True)
+            self.live.start()
+        self.live.update(shown, refresh=True)
+
+    def close(self) -> None:
+        """The live bars gone (the run has ended)."""
+        self.bars.clear()
+        if self.terminal is not None:
+            self._refresh()
 
     def line(self, node: str, text: str) -> None:
+        if node in self.bars:  # its bar's line has ended: printed below as it ended
+            del self.bars[node]
+            self._refresh()
         if not keep_line(text):
             return
         self.output_log.write(f"[{node}] {text}\n")
@@ -150,6 +187,8 @@ def run(
     with stop_signals(lambda reason, force: prepared.interrupt(reason, force)):
         result, report, session = execute_run(lf, prepared, terminal_sinks(lf, terminal, prepared),
                                             detached=detached_child)
+    if isinstance(session.sink, TerminalSink):
+        session.sink.close()
     out = err_console() if getattr(session.sink, "broken", False) or terminal is None else console()
     show_verdict(out, lf, report, session.folder)
     raise typer.Exit(result.finish.exit_code)

@@ -252,6 +252,23 @@ def steady_rate(samples: Sequence[tuple[float, int]], skip: float = 0.2) -> floa
     return rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
 
 
+def displayed(line: str) -> str:
+    """A line as a terminal leaves it: each `\r` starts it over, each `\b` takes the character before it back (a
+    progress bar's redraws, Keras' and tqdm's); the last state, not the enormous line of every redraw."""
+    parts = line.split("\r")
+    shown = next((part for part in reversed(parts) if part.strip()), parts[-1])
+    if "\b" not in shown:
+        return shown
+    out: list[str] = []
+    for char in shown:
+        if char == "\b":
+            if out:
+                out.pop()
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 class LineSplitter:
     """Bytes in, whole decoded lines out (the last partial line is kept until more comes).
 
@@ -267,6 +284,10 @@ class LineSplitter:
         self.buffer += chunk
         *lines, self.buffer = self.pattern.split(self.buffer)
         return [raw.decode(errors="replace").rstrip("\r") for raw in lines]
+
+    def pending(self) -> str:
+        """The line being written, not ended yet (a bar that redraws itself with `\r`)."""
+        return self.buffer.decode(errors="replace")
 
     def rest(self) -> list[str]:
         rest, self.buffer = self.buffer, b""

@@ -79,6 +79,9 @@ class Sink(Protocol):
 
     def line(self, node: str, text: str) -> None: ...
 
+    def update(self, node: str, text: str) -> None:
+        """A node's line not ended yet, redrawn (a progress bar): shown in place where the sink can."""
+
     def event(self, message: str) -> None: ...
 
 
@@ -233,6 +236,7 @@ class Launcher:
         earlier = self.watches.get(name)
         watch = self.watches[name] = ProcessWatch(name, key, self.executor, self.events, self.clock,
                                                   self.setup.progress, show=partial(self._show, self.sink.line, name),
+                                                  update=partial(self._show, self.sink.update, name),
                                                   on_step=partial(self._stepped, name))
         if earlier is not None:
             watch.last_line = earlier.last_line  # an attempt's result, until the next one prints its own

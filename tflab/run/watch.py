@@ -38,13 +38,15 @@ class ProcessWatch:
 
     def __init__(self, node: str, key: str, executor: Executor, events: queue.SimpleQueue[Event],
                  clock: Callable[[], float], progress_pattern: str | None = None,
-                 show: Callable[[str], None] | None = None, on_step: Callable[[float], None] | None = None) -> None:
+                 show: Callable[[str], None] | None = None, on_step: Callable[[float], None] | None = None,
+                 update: Callable[[str], None] | None = None) -> None:
         self.node = node
         self.key = key
         self.executor = executor
         self.events = events
         self.clock = clock
-        self.show = show  # each whole line, as it is shown
+        self.show = show  # each whole line, as it is shown (a line that redraws itself: its last state)
+        self.update = update  # each redraw of a line not ended yet (a progress bar), as a terminal shows it
         self.on_step = on_step  # the time of each progress reading
         self.reader = progress.ProgressReader(progress_pattern)
         self.own_pattern = progress.check_pattern(progress_pattern) if progress_pattern else None
@@ -58,6 +60,9 @@ class ProcessWatch:
             self._progress(text)
         for text in self.lines[is_err].feed(chunk):
             self._line(text)
+        pending = self.lines[is_err].pending()
+        if self.update is not None and "\r" in pending:
+            self.update(progress.displayed(pending))
 
     def exited(self, end: End) -> None:
         """The process's end: what is left of its lines read first, then its Exited (always, from a `finally`)."""
@@ -91,4 +96,4 @@ class ProcessWatch:
             self.events.put(Printed(self.node, self.clock(), leader_gone=bool(progress.LEADER_GONE.search(text)),
                                     quality=tuple(metrics.items()), runtime=progress.tensorflow_error(text)))
         if self.show is not None:
-            self.show(text)
+            self.show(progress.displayed(text) if "\r" in text or "\b" in text else text)
