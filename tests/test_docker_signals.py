@@ -146,6 +146,14 @@ def test_a_detached_run_outlives_its_terminal_and_can_be_followed_and_stopped(ru
     child = subprocess.run([*TFLAB, "run", "long", "-d", "--lab", str(own_long_lab)], capture_output=True, text=True,
                            timeout=240)
     assert child.returncode == 0, child.stdout + child.stderr
+    # One task at a time per node: a second task beside the detached run is refused before anything starts.
+    second = runner.invoke(cli, ["run", "hello", "--lab", str(own_long_lab)])
+    assert second.exit_code == 2, second.stdout
+    assert second.stderr.strip() == ("tflab: error: run long holds the lab's nodes (detached): one task at a time per "
+                                     "node; `tflab stop long` ends it (`tflab attach long` follows it)")
+    beside = runner.invoke(cli, ["exec", "--lab", str(own_long_lab), "worker0", "hello"])
+    assert beside.exit_code == 2 and "run long holds the lab's nodes" in beside.stderr
+    assert not (lf.runs_dir / "hello").exists(), "nothing of it started"
     stopped = runner.invoke(cli, ["stop", "long", "--lab", str(own_long_lab)])
     assert stopped.exit_code == 0, stopped.stdout
     assert "stopped by `tflab stop`" in stopped.stdout

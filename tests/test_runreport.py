@@ -65,3 +65,25 @@ def test_each_nodes_own_rate_and_the_clusters_global_rate_are_kept_apart(tmp_pat
     console.print(views.run_summary(plan(Topology(nodes=4), []), rows))
     text = console.export_text()
     assert "│ 10.0 " in text and "│ 20.0 " in text and "30.0 (global)" in text
+
+
+def test_a_live_run_or_exec_of_another_task_holds_the_nodes(tmp_path: Path) -> None:
+    """One task at a time per node: what of another task is live is named, with the command that ends it."""
+    import os
+
+    from tflab.host.proc import process_start
+    from tflab.run.history import ExecRecords, holding
+
+    runs, execs = tmp_path / "runs", tmp_path / "execs"
+    (runs / "train").mkdir(parents=True)
+    me = {"pid": os.getpid(), "pid_start": process_start(os.getpid())}
+    RunReport(task="train", state="running", detached=True, host=__import__("socket").gethostname(), **me).save(
+        runs / "train")
+    assert holding(runs, execs, "hello") == ("run train holds the lab's nodes (detached): one task at a time per node; "
+                                             "`tflab stop train` ends it (`tflab attach train` follows it)")
+    assert holding(runs, execs, "train") is None, "its own task: the task's lock says that"
+    RunReport(task="train", state="finished", **me).save(runs / "train")
+    assert holding(runs, execs, "hello") is None
+    ExecRecords(execs / "allreduce").write("worker0", {"task": "allreduce", "node": "worker0", "id": "1", "ended": None,
+                                                       **me})
+    assert holding(runs, execs, "hello").startswith("`tflab exec worker0 allreduce` holds the lab's nodes")

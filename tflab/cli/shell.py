@@ -27,7 +27,7 @@ from tflab.host import locks, proc
 from tflab.host.signals import stop_signals
 from tflab.plan import tasks
 from tflab.run.command import CommandRun
-from tflab.run import failures
+from tflab.run import failures, history
 from tflab.run.exec_session import ExecResult, ExecSession, ExecSetup
 from tflab.run.runplan import exec_plan, run_plan
 from tflab.run.words import Verdict
@@ -70,6 +70,10 @@ def exec_(
     if task_lock is None:
         raise UserError(f"run {task.name} is going (`tflab attach {task.name}` follows it, `tflab stop {task.name}` "
                         "ends it): an exec of the same task would share its servers and its folder")
+    other = history.holding(lf.runs_dir, lf.state_dir / "execs", task.name)
+    if other is not None:
+        task_lock.close()
+        raise UserError(other)
     servers = tasks.servers_for_exec(lf.lab, task, node)
     worker = node in run_plan(lf.lab, task).finishers
     setup = ExecSetup(

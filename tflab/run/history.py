@@ -213,6 +213,24 @@ class ExecRecords:
                 and pid_alive(r.get("pid"), r.get("pid_start"))]
 
 
+def holding(runs_dir: Path, execs_dir: Path, task: str) -> str | None:
+    """What of another task holds the lab's nodes now (a live run, foreground or detached, or an exec), in words;
+    None where nothing does. One task at a time per node: a second one would meet the first's servers on its ports."""
+    for _folder, report in all_runs(runs_dir):
+        if report.task != task and not report.finished and report.is_live():
+            how = "detached" if report.detached else f"pid {report.pid}"
+            return (f"run {report.task} holds the lab's nodes ({how}): one task at a time per node; `tflab stop "
+                    f"{report.task}` ends it (`tflab attach {report.task}` follows it)")
+    if execs_dir.is_dir():
+        for folder in sorted(execs_dir.iterdir()):
+            if folder.name == task:
+                continue
+            for record in ExecRecords(folder).live():
+                return (f"`tflab exec {record.get('node')} {folder.name}` holds the lab's nodes (pid {record.get('pid')}, "
+                        "in another terminal): one task at a time per node; end it there (Ctrl-C) first")
+    return None
+
+
 def activity(runs_dir: Path, execs_dir: Path) -> dict[str, tuple[str, float | None]]:
     """What each node is running now, by node: (task, its current steps/s), from live runs and execs."""
     found: dict[str, tuple[str, float | None]] = {}

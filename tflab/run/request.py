@@ -22,7 +22,7 @@ from tflab.plan import faults
 from tflab.plan import knobs as knob_rules
 from tflab.plan.config import Task
 from tflab.plan.knobs import Knobs
-from tflab.run import runreport
+from tflab.run import history, runreport
 from tflab.run.launcher import RunResult, Sink
 from tflab.run.runplan import RunPlan, run_plan
 from tflab.run.runreport import RunReport
@@ -95,6 +95,10 @@ def prepare_run(lf: LabFiles, request: RunRequest, open_side: Callable[[], LabBa
     lock = locks.try_lock(locks.task_lock_path(lf.state_dir, definition.name))
     if lock is None:
         raise UserError(task_in_use(lf, definition.name))
+    other = history.holding(lf.runs_dir, lf.state_dir / "execs", definition.name)
+    if other is not None:
+        lock.close()
+        raise UserError(other)
     return PreparedRun(request, plan, lock, side, doer if request.drill else None, setter)
 
 
