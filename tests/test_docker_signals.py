@@ -16,7 +16,7 @@ from test_docker_run import task_processes
 
 from tflab_guard.protocol import LEASE_S, STOP_GRACE_S
 
-from tflab.engine.containers import lab_containers
+from tflab.engine.containers import lab_containers, labelled
 from tflab.engine.executors import exec_quiet
 from tflab.host import labfiles
 
@@ -236,3 +236,25 @@ def test_a_stream_cut_mid_run_loses_nothing_and_the_run_goes_on_to_its_verdict(l
     log = (lf.runs_dir / "train" / "logs" / "worker1.log").read_text()
     assert log.count("first step done") == 1, "no output read twice"
     assert gone_within(docker_client, lf.project, 10) == {}
+
+
+def test_down_stops_a_going_run_first_recording_it_stopped_and_works_whatever_tflab_yaml_holds(
+        runner, own_long_lab: Path, docker_client) -> None:
+    lf = labfiles.open_lab(own_long_lab)
+    started = subprocess.run([*TFLAB, "run", "long", "-d", "--lab", str(own_long_lab)], capture_output=True,
+                             text=True, timeout=240)
+    assert started.returncode == 0, started.stdout + started.stderr
+    down = runner.invoke(cli, ["down", "--lab", str(own_long_lab)])
+    assert down.exit_code == 0, down.stdout + down.stderr
+    assert "stopping run long first" in down.stdout and "removed 3 nodes" in down.stdout
+    record = json.loads((lf.runs_dir / "long" / "run.json").read_text())
+    assert record["verdict"] == "stopped" and record["problem"] == "stopped by `tflab down`", record
+    assert all(row["verdict"] in ("stopped", "served") for row in record["nodes"].values()), record["nodes"]
+    assert not labelled(docker_client, f"tflab.lab={lf.project}")
+    # A lab whose tflab.yaml no longer reads is still found by the project gen recorded, and taken down.
+    assert runner.invoke(cli, ["up", "--lab", str(own_long_lab)]).exit_code == 0
+    (own_long_lab / "tflab.yaml").write_text((own_long_lab / "tflab.yaml").read_text() + "\ntopology: [broken\n")
+    broken = runner.invoke(cli, ["down", "--lab", str(own_long_lab)])
+    assert broken.exit_code == 0, broken.stdout + broken.stderr
+    assert f"removed 3 nodes and 1 network of {lf.project}" in " ".join(broken.stdout.split())
+    assert not labelled(docker_client, f"tflab.lab={lf.project}")

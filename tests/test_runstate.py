@@ -393,3 +393,13 @@ def test_a_teardown_before_a_chief_that_failed_is_no_finish() -> None:
     machine = started()
     feed(machine, [Printed("worker2", 8.0, 30), Printed("worker2", 9.0, leader_gone=True), Exited("worker0", 1, 10.0)])
     assert machine.finish is not None and machine.finish.verdict == "failed"
+
+
+def test_a_run_tflab_down_stops_is_recorded_stopped_and_one_ctrl_c_ends_interrupted() -> None:
+    from tflab.host.signals import DOWN_REASON
+
+    machine = started()
+    assert machine.handle(Interrupt(12.0, DOWN_REASON))[-1] == Finish(130, "stopped", "stopped by `tflab down`")
+    assert verdicts(machine) == {"ps0": "stopped", "worker0": "stopped", "worker1": "stopped", "worker2": "stopped"}
+    other = started()
+    assert other.handle(Interrupt(12.0, "interrupted (Ctrl-C)"))[-1].verdict == "interrupted"

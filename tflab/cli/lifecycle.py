@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,12 +15,13 @@ from rich.text import Text
 from tflab.cli import views
 from tflab.cli.common import LabOption, backend, console, open_lab, progress
 from tflab.engine import compose_lab as lab_ops
-from tflab.engine import copying, daemon, local_base, node_image, packages
+from tflab.engine import bringup, copying, daemon, local_base, node_image, packages
 from tflab.engine.backend import LabBackend
 from tflab.errors import TflabError, UserError
 from tflab.render import image_files
-from tflab.host import buildsettings, proc
+from tflab.host import buildsettings, labfiles, proc
 from tflab.host.signals import stopping_as_interrupted
+from tflab.run import history, runreport
 
 
 def base(
@@ -156,14 +159,41 @@ def logs(
         raise typer.Exit(130) from None
 
 
+def down_by_label(lab: Path, unreadable: UserError) -> None:
+    """`down` of a lab whose tflab.yaml cannot be read: what is labelled with the project gen recorded goes."""
+    root = lab.resolve()
+    project = labfiles.recorded_project(root)
+    if project is None:
+        raise UserError(f"{unreadable}; and {root} keeps no record of its lab's project (.tflab/identity.json), so "
+                        "tflab cannot tell its containers: fix tflab.yaml, or `docker ps --filter label=tflab.lab` "
+                        "lists every lab's")
+    with progress("down") as report:
+        report.step(f"removing what is labelled tflab.lab={project} (tflab.yaml cannot be read: {unreadable})")
+        removed, networks = bringup.down(project, daemon.client())
+    console().print(f"removed {plural(removed, 'node')} and {plural(networks, 'network')} of {project}; fix "
+                    f"{root / 'tflab.yaml'} before the next `tflab up`", markup=False, soft_wrap=True)
+
+
 def plural(count: int, noun: str) -> str:
     """`1 node`, `4 nodes`."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def down(lab: LabOption = Path(".")) -> None:
-    """Stop and remove every container and network of the lab (the runs folder stays)."""
-    lf = open_lab(lab)
+    """Stop and remove every container and network of the lab (the runs folder stays); a run going is stopped first."""
+    try:
+        lf = open_lab(lab)
+    except UserError as unreadable:
+        down_by_label(lab, unreadable)
+        return
+    for folder, going in history.all_runs(lf.runs_dir):
+        if going.finished or not going.is_live() or going.pid is None:
+            continue
+        console().print(f"stopping run {going.task} first (pid {going.pid}): it is recorded `stopped`", markup=False)
+        os.kill(going.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (runreport.load(folder) or going).finished:
+            time.sleep(0.2)
     with progress("down") as report:
         report.step(f"removing lab '{lf.config.name}' ({lf.project}): its nodes and network")
         removed, networks = backend(lf).down()

@@ -218,6 +218,14 @@ def project_of(root: Path, name: str) -> str:
     return here  # a copy: the original is still there, with its own containers
 
 
+def recorded_project(root: Path) -> str | None:
+    """The project `gen` recorded for the lab in `root` (.tflab/identity.json), whatever its tflab.yaml holds now."""
+    try:
+        return str(json.loads((root / STATE_DIR / IDENTITY).read_text())["project"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def write_identity(root: Path, project: str) -> None:
     """Keep the lab's project in the lab, for wherever the folder goes."""
     (root / STATE_DIR).mkdir(exist_ok=True)

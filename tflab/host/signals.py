@@ -1,4 +1,4 @@
-"""Every way of being told to stop becomes one call: SIGINT, SIGTERM, SIGHUP, and `tflab stop`."""
+"""Every way of being told to stop becomes one call: SIGINT, SIGTERM, SIGHUP, `tflab stop` and `tflab down`."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+DOWN_REASON = "stopped by `tflab down`"
 REASONS: dict[int, str] = {
     signal.SIGINT: "interrupted (Ctrl-C)",
     signal.SIGTERM: "stopped (SIGTERM)",
     signal.SIGHUP: "the terminal closed (SIGHUP)",
     signal.SIGUSR1: "stopped by `tflab stop`",
+    signal.SIGUSR2: DOWN_REASON,
 }
+# A run `tflab down` stops before it removes the lab: recorded `stopped` (it was stopped on purpose), not interrupted.
+ON_PURPOSE = (DOWN_REASON,)
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from tflab_guard import protocol
 
+from tflab.host import signals
 from tflab.plan.faults import ENDS_PROCESS
 from tflab.plan.topology import GRPC_PORT
 from tflab.run.drills import DrillState, Drills, describe
@@ -500,8 +501,8 @@ class RunMachine:
         if self.finished:
             still = tuple(self.running())
             return [Stop(still, force=True)] if event.force and still else []
-        return self._end(Verdict.INTERRUPTED, 130, event.reason, verdict_for_running=Verdict.INTERRUPTED,
-                         force=event.force)
+        verdict = Verdict.STOPPED if event.reason in signals.ON_PURPOSE else Verdict.INTERRUPTED
+        return self._end(verdict, 130, event.reason, verdict_for_running=verdict, force=event.force)
 
     # -- endings ---------------------------------------------------------------------------
 
