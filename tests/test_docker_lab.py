@@ -195,3 +195,18 @@ def test_tflab_starts_the_nodes_plain_docker_compose_would(labs, runner, compose
     assert ours == theirs
     assert ours["worker0"]["cap_add"] == ["NET_ADMIN", "SYS_PTRACE"]
     assert ours["worker0"]["aliases"] == sorted(["worker0", f"{lf.project}-worker0-1"])
+
+
+def test_a_gpu_lab_on_this_gpu_less_engine_is_refused_in_one_line_with_nothing_built_or_left(labs, runner,
+                                                                                              docker_client) -> None:
+    lab = labs.gen("--gpus", "0-3", "--gpus-per-node", "2", nodes=2)
+    images = {image.id for image in docker_client.images.list()}
+    up = runner.invoke(cli, ["up", "--lab", str(lab)])
+    assert up.exit_code == 2, up.stdout + up.stderr
+    assert up.stderr.startswith("tflab: error: this lab's nodes own GPUs (ps0: 0,1; worker0: 2,3), and this engine "
+                                "cannot give a container a GPU") and len(up.stderr.strip().splitlines()) == 1
+    assert "tflab set --gpus-per-node 0" in up.stderr and "Service(" not in up.stderr
+    assert {image.id for image in docker_client.images.list()} == images, "nothing built"
+    lf = labfiles.open_lab(lab)
+    assert not docker_client.containers.list(all=True, filters={"label": f"tflab.lab={lf.project}"})
+    assert not docker_client.networks.list(filters={"label": f"tflab.lab={lf.project}"})

@@ -135,3 +135,36 @@ def test_down_is_not_failed_by_a_container_removed_while_it_is_listed() -> None:
     client = SimpleNamespace(containers=containers, networks=SimpleNamespace(list=lambda **_kw: []))
     assert compose_lab.down("tfrace", client) == (0, 0)
     assert containers.asked == [{"filters": {"label": "tflab.lab=tfrace"}, "ignore_removed": True}]
+
+
+def test_a_gpu_lab_on_an_engine_that_cannot_give_gpus_stops_before_anything_is_built(runner, tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """`gen --gpus 0-3` (as for another host), then `up` here: one sentence naming what is missing and the choices,
+    before a 7 GB GPU base is built; an engine with the NVIDIA runtime (or its hook, or its CDI spec) passes."""
+    from conftest import cli
+
+    from tflab.engine import bringup
+    from tflab.errors import UserError
+    from tflab.host import labfiles
+
+    made = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "gpu"), "--nodes", "2", "--gpus", "0-3",
+                               "--gpus-per-node", "2"])
+    assert made.exit_code == 0, made.stderr
+    lf = labfiles.open_lab(tmp_path / "gpu")
+    monkeypatch.setattr(bringup.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(bringup, "CDI_SPECS", (str(tmp_path / "cdi"),))
+    with pytest.raises(UserError) as refused:
+        bringup.check_gpu_runtime(lf, {"Runtimes": {"io.containerd.runc.v2": {}, "runc": {}}})
+    assert str(refused.value) == (
+        "this lab's nodes own GPUs (ps0: 0,1; worker0: 2,3), and this engine cannot give a container a GPU (its "
+        "runtimes: io.containerd.runc.v2, runc; no nvidia-container-runtime-hook, no NVIDIA CDI spec): install the "
+        "NVIDIA Container Toolkit (`nvidia-ctk runtime configure --runtime=docker`), or make it a CPU lab: `tflab set "
+        "--gpus-per-node 0`; nothing was built or started")
+    bringup.check_gpu_runtime(lf, {"Runtimes": {"nvidia": {}, "runc": {}}})
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
+    bringup.check_gpu_runtime(lf, {"Runtimes": {"runc": {}}})
+    cpu = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "cpu"), "--nodes", "2", "--gpus-per-node", "0"])
+    assert cpu.exit_code == 0
+    (tmp_path / "cdi" / "nvidia.yaml").unlink()
+    bringup.check_gpu_runtime(labfiles.open_lab(tmp_path / "cpu"), {"Runtimes": {"runc": {}}})

@@ -10,6 +10,7 @@ wait are one code, here, as is a lab's removal.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,8 @@ class Stages(Protocol):
 
 def bring_up(lf: LabFiles, client: docker.DockerClient, stages: Stages, progress: Progress) -> list[str]:
     """Bring the lab up (idempotent), stage by stage; what was copied into which node, as `kind→node`."""
+    if lf.config.target == "compose":
+        check_gpu_runtime(lf, client.info())
     stages.check()
     image = stages.build(progress)
     if stages.to_start():
@@ -106,6 +109,28 @@ def bring_up(lf: LabFiles, client: docker.DockerClient, stages: Stages, progress
     finally:
         copied = copier.finish()
     return copied
+
+
+CDI_SPECS = ("/etc/cdi", "/var/run/cdi")  # where the NVIDIA Container Toolkit writes its CDI specs
+GPU_HOOK = "nvidia-container-runtime-hook"  # what the engine runs for a container's `--gpus` (the toolkit's)
+
+
+def check_gpu_runtime(lf: LabFiles, info: dict[str, Any]) -> None:
+    """Before anything is built: a lab whose nodes own GPUs needs the engine to hand GPUs to containers (the NVIDIA
+    Container Toolkit: its runtime, its hook, or its CDI specs); a one-line error naming the choices otherwise."""
+    owners = [f"{n.name}: {','.join(map(str, n.gpus))}" for n in lf.lab.nodes if n.gpus]
+    if not owners:
+        return
+    if "nvidia" in (info.get("Runtimes") or {}) or shutil.which(GPU_HOOK):
+        return
+    if any(os.path.isdir(folder) and any(name.startswith("nvidia") for name in os.listdir(folder))
+           for folder in CDI_SPECS):
+        return
+    runtimes = ", ".join(sorted(info.get("Runtimes") or {})) or "none"
+    raise UserError(f"this lab's nodes own GPUs ({'; '.join(owners)}), and this engine cannot give a container a GPU "
+                    f"(its runtimes: {runtimes}; no {GPU_HOOK}, no NVIDIA CDI spec): install the NVIDIA Container "
+                    "Toolkit (`nvidia-ctk runtime configure --runtime=docker`), or make it a CPU lab: `tflab set "
+                    "--gpus-per-node 0`; nothing was built or started")
 
 
 def ensure_image(lf: LabFiles, client: docker.DockerClient, progress: Progress, force: bool = False) -> BuildResult:
