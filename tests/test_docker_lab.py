@@ -69,7 +69,9 @@ def test_four_node_lab_end_to_end(labs, runner, tmp_path: Path) -> None:
     rows = [line for line in status.stdout.splitlines() if line.startswith("│")]
     assert len(rows) == 4 and all("running" in r and "healthy" in r and "unhealthy" not in r for r in rows), status.stdout
     assert all(c.attrs["Config"].get("Healthcheck") is None for c in lab_containers(labs.client, lf.project).values())
-    logs = runner.invoke(cli, ["logs", "--lab", str(lab)])
+    none_yet = runner.invoke(cli, ["logs", "--lab", str(lab)])  # the program output of a run: there is none yet
+    assert none_yet.exit_code == 2 and f"no run yet in {lf.runs_dir}" in none_yet.stderr, none_yet.stderr
+    logs = runner.invoke(cli, ["logs", "--engine", "--lab", str(lab)])
     assert logs.exit_code == 0 and "Server listening on 0.0.0.0 port 22" in logs.stdout, logs.stdout
     assert "Connection closed by 127.0.0.1" not in logs.stdout, logs.stdout
     # the question status asks, where nothing listens on port 22 (the node's image, sshd not started): no

@@ -170,6 +170,9 @@ def test_async_training_ends_with_accuracy_checkpoint_and_no_ps_left(ps_lab: Pat
         assert (run_dir / f"{final}{suffix}").is_file(), f"{final}{suffix} missing"
     assert (run_dir / "logs" / "worker1.log").read_text().count("global step") >= 1
     assert task_processes(docker_client, lf.project) == {}
+    shown = runner.invoke(cli, ["logs", "worker1", "--lab", str(ps_lab)])  # the latest run's program output
+    assert shown.exit_code == 0 and "worker1 | worker1: global step" in shown.stdout, shown.stdout[-2000:]
+    assert "kex_exchange" not in shown.stdout and "sshd" not in shown.stdout
     # Its pictures: the trace at once, the timeline and the page a moment later; the page, in a browser, is no
     # blank page (issue 65).
     assert f"report: {run_dir / 'report.html'}" in " ".join(out.split())

@@ -87,3 +87,14 @@ def test_a_live_run_or_exec_of_another_task_holds_the_nodes(tmp_path: Path) -> N
     ExecRecords(execs / "allreduce").write("worker0", {"task": "allreduce", "node": "worker0", "id": "1", "ended": None,
                                                        **me})
     assert holding(runs, execs, "hello").startswith("`tflab exec worker0 allreduce` holds the lab's nodes")
+
+
+def test_logs_read_whole_lines_from_an_offset_each_as_a_terminal_leaves_it(tmp_path: Path) -> None:
+    from tflab.cli.lifecycle import new_lines
+
+    log = tmp_path / "worker0.log"
+    log.write_bytes(b"one\n\r 1/3 [..]\r 3/3 [==] - 1s\ntwo\npartial")
+    lines, offset = new_lines(log, 0, None)
+    assert lines == ["one", " 3/3 [==] - 1s", "two"] and offset == len(b"one\n\r 1/3 [..]\r 3/3 [==] - 1s\ntwo\n")
+    assert new_lines(log, offset, None) == ([], offset), "a line not ended yet waits for its end"
+    assert new_lines(log, 0, 1)[0] == ["two"], "--tail"

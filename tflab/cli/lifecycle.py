@@ -21,6 +21,9 @@ from tflab.errors import TflabError, UserError
 from tflab.render import image_files
 from tflab.host import buildsettings, labfiles, proc
 from tflab.host.signals import stopping_as_interrupted
+from tflab.host.labfiles import LabFiles
+from tflab.plan.config import check_task_name
+from tflab.plan.progress import displayed
 from tflab.run import history, runreport
 
 
@@ -136,20 +139,75 @@ def image_packages(side: LabBackend, node: str) -> str:
 
 def logs(
     node: Annotated[str | None, typer.Argument(help="One node (default: every node).")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+    task: Annotated[str | None, typer.Option("--task", help="That task's run (default: the lab's latest run).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following, to the run's end.")] = False,
     tail: Annotated[str, typer.Option(help="Lines from the end of each log.")] = "all",
+    engine: Annotated[bool, typer.Option("--engine", help="The engine's logs of the nodes instead (sshd, the entrypoint).")] = False,
     lab: LabOption = Path("."),
 ) -> None:
-    """The nodes' logs (sshd and anything the entrypoint printed), each line after its node's name."""
+    """The program output of the lab's latest run (or TASK's), as runs/TASK/logs/ keeps it; --engine: the nodes' own."""
     lf = open_lab(lab)
     if tail != "all" and not (tail.isascii() and tail.isdigit()):
         raise UserError(f"--tail must be a number of lines or all, not {tail!r}")
-    side = backend(lf)
     if node is not None:
         lf.lab.node(node)
-        names = [node]
-    else:
-        names = [name for name in lf.lab.names if name in side.status()]
+    if engine:
+        engine_logs(lf, node, follow, tail)
+        return
+    folder = run_folder(lf, task)
+    names = [node] if node is not None else [n for n in lf.lab.names if (folder / history.LOG_DIR / f"{n}.log").is_file()]
+    out = console()
+    out.print(f"{folder / history.LOG_DIR} (the run's program output; `--engine` for the nodes' own logs)",
+              style="dim", markup=False, soft_wrap=True)
+    width = max(len(name) for name in names) if names else 0
+    offsets = {name: 0 for name in names}
+    try:
+        while True:
+            for name in names:
+                lines, offsets[name] = new_lines(folder / history.LOG_DIR / f"{name}.log", offsets[name],
+                                                 None if tail == "all" or offsets[name] else int(tail))
+                for line in lines:
+                    out.print(Text(f"{name:<{width}} | ") + Text(line), soft_wrap=True)
+            report = runreport.load(folder)
+            if not follow or report is None or report.finished or not report.is_live():
+                return
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def run_folder(lf: LabFiles, task: str | None) -> Path:
+    """TASK's run folder, or the latest run's; a UserError naming the runs there are where there is none."""
+    if task is not None:
+        folder = lf.runs_dir / check_task_name(task)
+        if not (folder / history.LOG_DIR).is_dir():
+            raise UserError(f"no run of {task} in {lf.runs_dir} (`tflab run {task}` makes one)")
+        return folder
+    current = [(folder, report) for folder, report in history.all_runs(lf.runs_dir) if folder.name == report.task]
+    if not current:
+        raise UserError(f"no run yet in {lf.runs_dir} (`tflab run TASK` makes one; `tflab logs --engine` shows the "
+                        "nodes' own logs)")
+    return current[-1][0]
+
+
+def new_lines(path: Path, offset: int, last: int | None) -> tuple[list[str], int]:
+    """The whole lines of `path` after byte `offset` (its last `last` only, when given), each as a terminal leaves it
+    (a progress bar's redraws: its last state), and the offset after them."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    lines = [displayed(line) for line in data[:end].decode(errors="replace").split("\n")[:-1]]
+    return (lines[-last:] if last is not None else lines), offset + end
+
+
+def engine_logs(lf: LabFiles, node: str | None, follow: bool, tail: str) -> None:
+    """The engine's logs of the nodes (sshd and anything the entrypoint printed), each line after its node's name."""
+    side = backend(lf)
+    names = [node] if node is not None else [name for name in lf.lab.names if name in side.status()]
     width = max(len(name) for name in names) if names else 0
     out = console()
     try:
