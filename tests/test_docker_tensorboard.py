@@ -49,6 +49,10 @@ def test_training_scalars_show_in_tensorboard(labs, runner, tmp_path: Path) -> N
     port = labfiles.open_lab(lab).lab.chief.tensorboard_port
     url = f"http://127.0.0.1:{port}/"
     assert url in started.stdout
+    assert f"TensorBoard: {url}" in trained.stdout, "every run names the lab's one TensorBoard (started by the run)"
+    status = runner.invoke(cli, ["status", "--lab", str(lab)])
+    assert f"TensorBoard: {url} (serving)" in status.stdout and "26006" not in status.stdout.split("TensorBoard:")[0], \
+        "one URL, not a port per node"
     OUTPUT.mkdir(exist_ok=True)
     screenshot = OUTPUT / "tensorboard-scalars.png"
     wanted = ("accuracy", "loss", "global_step",  # the model's own curves (global_step/sec), the cluster beside:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,13 +16,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tflab.engine import daemon, run_knobs
+from tflab.engine import daemon, guardcmd, run_knobs
 from tflab.engine.backend import VIAS, LabBackend
 from tflab.engine.sides import open_backend
 from tflab.engine.builds import Progress
 from tflab.engine.faults import FaultInjector
 from tflab.errors import TflabError, UserError
 from tflab.host import labfiles
+from tflab.host.labfiles import LabFiles
+from tflab.host.ports import wait_for_http
 from tflab.plan.progress import LineSplitter, is_noise
 from tflab.plan.tensordump import TensorCut
 
@@ -230,3 +233,36 @@ def restore_left_knobs(lf: labfiles.LabFiles, side: LabBackend) -> None:
     if done:
         err_console().print(f"tflab: run {note.get('task')} (pid {note.get('pid')}) ended without restoring what its "
                             f"knobs changed; restored: {'; '.join(done)}", soft_wrap=True)
+
+
+TENSORBOARD_KEY = "tensorboard"  # the guard's key of the lab's TensorBoard, in its chief node
+
+
+def board_url(lf: LabFiles, side: LabBackend) -> str:
+    """The lab's one TensorBoard: served by its chief node, on its published port."""
+    chief = lf.lab.chief
+    return f"http://{side.ssh_targets()[chief.name][0]}:{chief.tensorboard_port}/"
+
+
+def board_serves(url: str) -> bool:
+    return wait_for_http(url, deadline=time.monotonic() + 0.5)
+
+
+def start_board(lf: LabFiles, side: LabBackend) -> str:
+    """Start the lab's TensorBoard (detached, not held: it lives until `tflab tensorboard --stop` or `tflab down`), at
+    the lowest priority in its node: it never takes the CPU a program there needs. Its URL."""
+    chief = lf.lab.chief
+    argv = ["nice", "-n", "19", "tensorboard", "--logdir", "/runs", "--host", "0.0.0.0", "--port", "6006",
+            "--reload_interval", "5"]
+    side.executor([chief.name]).spawn(chief.name, guardcmd.serve_detached(TENSORBOARD_KEY, argv,
+                                                                          "/tmp/tflab-tensorboard.log"), workdir="/runs")
+    return board_url(lf, side)
+
+
+def ensure_board(lf: LabFiles, side: LabBackend) -> str:
+    """The lab's TensorBoard URL, in words: serving already, or started now."""
+    url = board_url(lf, side)
+    if board_serves(url):
+        return f"TensorBoard: {url}"
+    start_board(lf, side)
+    return f"TensorBoard: {url} (starting)"

@@ -13,7 +13,7 @@ import typer
 from rich.text import Text
 
 from tflab.cli import views
-from tflab.cli.common import LabOption, backend, console, open_lab, progress
+from tflab.cli.common import LabOption, backend, board_serves, board_url, console, open_lab, progress
 from tflab.engine import compose_lab as lab_ops
 from tflab.engine import bringup, copying, daemon, local_base, node_image, packages
 from tflab.engine.backend import LabBackend
@@ -111,6 +111,11 @@ def status(lab: LabOption = Path(".")) -> None:
     out = console()
     out.print(views.status_table(lf.lab, states, lf.lab.topology.bind, lf.config.links,
                                  swarm=lf.config.target == "swarm"))
+    if any(state.running for state in states.values()):
+        url = board_url(lf, side)
+        out.print(f"TensorBoard: {url} (serving)" if board_serves(url) else
+                  f"TensorBoard: {url} (not running: `tflab tensorboard` starts it, as every `tflab run` does)",
+                  markup=False, soft_wrap=True)
     picture = views.gpu_map(lf.lab, lf.config.gpus)
     if picture is not None:
         out.print(picture)

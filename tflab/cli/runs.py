@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -27,13 +28,14 @@ from tflab.cli.common import (
     backend,
     check_via,
     console,
+    ensure_board,
     err_console,
     keep_line,
     open_lab,
     options_again,
 )
 from tflab.engine import guardcmd
-from tflab.errors import UserError
+from tflab.errors import TflabError, UserError
 from tflab.host import proc
 from tflab.host.fanout import parallel
 from tflab.host.labfiles import LabFiles
@@ -49,6 +51,8 @@ from tflab.run.runreport import RunReport
 from tflab.run.words import Verdict
 
 DETACH_WAIT_S = 240.0
+
+log = logging.getLogger("tflab.run")
 
 
 class TerminalSink:
@@ -179,6 +183,11 @@ def run(
                          metrics=metrics, drill=drill, expect=faults.check_expectation(expect, drill), via=via,
                          stall_s=stall)
     prepared = prepare_run(lf, request, lambda: backend(lf))
+    if not detached_child:  # every run names the lab's one TensorBoard (started where none serves)
+        try:
+            console().print(ensure_board(lf, prepared.side), markup=False, soft_wrap=True)
+        except TflabError as exc:
+            log.debug("no TensorBoard for this run: %s", exc)
     if detach and not detached_child:
         prepared.lock.close()  # the run's own process takes it
         _detach(lf, task, options_again(ctx, leave_out={"detach", "detached_child", "lab"}))

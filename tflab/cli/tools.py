@@ -12,14 +12,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tflab.cli.common import LabOption, backend, console, open_lab
+from tflab.cli.common import TENSORBOARD_KEY, LabOption, backend, console, open_lab, start_board
 from tflab.engine import doctor as doctor_checks
 from tflab.engine import guardcmd
 from tflab.errors import UserError
 from tflab.host.ports import wait_for_http
 from tflab.plan import labfile
 
-TENSORBOARD_KEY = "tensorboard"
 
 
 def tensorboard(
@@ -35,12 +34,7 @@ def tensorboard(
     if stop:
         console().print(f"stopped TensorBoard on {chief.name}")
         return
-    argv = ["tensorboard", "--logdir", "/runs", "--host", "0.0.0.0", "--port", "6006", "--reload_interval", "5"]
-    # Detached and not held: it lives until `tflab tensorboard --stop` or `tflab down`.
-    executor.spawn(chief.name, guardcmd.serve_detached(TENSORBOARD_KEY, argv, "/tmp/tflab-tensorboard.log"),
-                   workdir="/runs")
-    host, port = side.ssh_targets()[chief.name][0], chief.tensorboard_port
-    url = f"http://{host}:{port}/"
+    url = start_board(lf, side)
     if not wait_for_http(url, deadline=time.monotonic() + 90):
         raise UserError(f"TensorBoard did not answer at {url} within 90s; its log: "
                         f"`tflab exec {chief.name} -- cat /tmp/tflab-tensorboard.log`")

@@ -99,13 +99,14 @@ def gpu_map(lab: Lab, host_gpus: Sequence[Gpu]) -> Text | None:
 
 def status_table(lab: Lab, states: Mapping[str, NodeState], bind: str, links: Links | None = None,
                  swarm: bool = False) -> Table:
-    """node, role, GPUs, state, health, ports (and the host, on a swarm): what `status` prints."""
+    """node, role, GPUs, state, health, SSH port (and the host, on a swarm): what `status` prints (the lab's one
+    TensorBoard is said below it)."""
     caption = ("ports are published on the swarm node each runs on (mode host)" if swarm
                else f"ports are published on {bind}")
     if links:
         caption += f"; links: {links.describe()} (each node's link, both ways)"
     table = Table(caption=caption)
-    columns = ["node", "role", "GPUs", "state", "health", *(["host"] if swarm else []), "SSH", "TensorBoard"]
+    columns = ["node", "role", "GPUs", "state", "health", *(["host"] if swarm else []), "SSH"]
     for column in columns:
         table.add_column(column, no_wrap=column in ("node", "role", "state", "host"))
     for node in lab.nodes:
@@ -121,7 +122,6 @@ def status_table(lab: Lab, states: Mapping[str, NodeState], bind: str, links: Li
             Text(known.health, style=colour),
             *([known.host or "-"] if swarm else []),
             str(node.ssh_port),
-            str(node.tensorboard_port),
         )
     return table
 

@@ -91,7 +91,9 @@ class ClusterWatch:
                 self.series.add(snap.host_busy, list(snap.nodes.values()), snap.host_waiting)
             if not self.board:
                 return
-            second = int(round(snap.t - self.began))
+            # TensorBoard's axis says "Step": the run's step it is (its furthest finisher's), beside the model's own
+            # curves; the time is each point's wall time (TensorBoard's "Relative" and "Wall" axes).
+            step = self.machine.run_step or 0
             for name, figures in snap.nodes.items():
                 writer = self._writer(name)
                 scalars = {
@@ -109,11 +111,11 @@ class ClusterWatch:
                     scalars["cluster/steps_per_s"] = rate if rate is not None else 0.0
                 for tag, value in scalars.items():
                     if value is not None:
-                        writer.add_scalar(tag, value, global_step=second, walltime=snap.t)
+                        writer.add_scalar(tag, value, global_step=step, walltime=snap.t)
             for tag, value in (("cluster/host_cpu_busy", snap.host_busy),
                                ("cluster/host_cpu_waiting", snap.host_waiting)):
                 if value is not None:
-                    self._writer("host").add_scalar(tag, value, global_step=second, walltime=snap.t)
+                    self._writer("host").add_scalar(tag, value, global_step=step, walltime=snap.t)
 
     def _training(self) -> bool:
         """Whether the training runs: a worker has made progress, and the run has not ended."""
