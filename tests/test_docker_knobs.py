@@ -164,8 +164,6 @@ def test_env_and_cpus_reach_the_program_as_a_cold_start_would(labs, runner) -> N
     off = runner.invoke(cli, ["run", "onednn", "--env", f"TF_ENABLE_ONEDNN_OPTS={flipped}", "--lab", str(lab)])
     assert off.exit_code == 0, off.stdout[-2000:]
     assert f"[worker0] onednn={not default} env={flipped}" in off.stdout, off.stdout[-2000:]
-    assert "its programs start cold" in off.stdout.replace("\n", " ")
     cpus = runner.invoke(cli, ["run", "onednn", "--cpus", "0.5", "--lab", str(lab)])
     assert cpus.exit_code == 0, cpus.stdout[-2000:]
     assert f"[worker0] onednn={default} env=None threads=1" in cpus.stdout, cpus.stdout[-2000:]
-    assert "its programs start cold" in cpus.stdout.replace("\n", " ")
