@@ -25,8 +25,11 @@ def test_each_failure_finds_every_line_it_was_seen_in_and_none_of_its_near_misse
         assert failures.diagnose([unlike]) is None, unlike
 
 
-# Entries by cause, each seen in at least two programs or versions (the rest were seen in one so far).
-BY_CAUSE = ("keras2-only-symbol", "estimator-gone", "checkpoint-on-one-machine")
+# Entries seen in one program so far, where a second could not be made here: Keras 3's failures of two corpus
+# programs' own, NCCL's /dev/shm (GPUs), a restore of another model, gRPC's give-up (here it retries on and on).
+ONE_SOURCE = ("keras3-per-replica", "keras3-parameter-server", "restored-another-model", "dev-shm-full",
+              "peer-unreachable")
+BY_CAUSE = tuple(f.id for f in CATALOG if f.id not in ONE_SOURCE)
 
 
 @pytest.mark.parametrize("failure_id", BY_CAUSE)
