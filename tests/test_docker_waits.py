@@ -70,3 +70,16 @@ def test_a_program_asleep_in_its_own_retry_loop_is_shown_with_its_stack_and_no_f
     log = (chief_lab / "runs" / "retries" / "logs" / "worker0.log").read_text()
     assert "--- tflab: where worker0 waits (py-spy dump) ---" in log and "retry_loop.py" in log
     assert task_processes(docker_client, labfiles.open_lab(chief_lab).project) == {}
+
+
+def test_an_exec_alone_of_a_task_whose_peers_no_exec_runs_is_stalled_naming_them(labs, runner) -> None:
+    """`tflab exec worker0 allreduce` on a two-worker all-reduce lab, and no exec of worker1: worker0 waits for it in
+    silence (it waited 172 s, until Ctrl-C). It stalls, naming worker1 and the command that starts it."""
+    lab = labs.gen("--ps", "0", nodes=2)
+    assert runner.invoke(cli, ["up", "--lab", str(lab)]).exit_code == 0
+    result = runner.invoke(cli, ["exec", "--lab", str(lab), "worker0", "allreduce", "--stall", "15"])
+    text = " ".join((result.stdout + result.stderr).split())
+    assert result.exit_code == 1, text[-3000:]
+    assert "stalled" in text and ("worker1 runs no exec of allreduce, and this one waits for it: `tflab exec worker1 "
+                                  "allreduce` in another terminal starts worker1, or `tflab run allreduce` runs them "
+                                  "all") in text, text[-3000:]

@@ -74,6 +74,8 @@ class FakeNodes:
             process = FakeProcess([], 0, 3600, lambda *_: None, on_exit)
             self.holds.append(process)
             return process
+        if argv[2] == "metrics":  # the node's CPU figures: none here (so nothing is called stalled)
+            return FakeProcess([], None, 3600, lambda *_: None, lambda *_: None)
         self.node_process = FakeProcess(*self.program, on_output, on_exit)
         return self.node_process
 
@@ -265,3 +267,35 @@ def test_an_exec_of_a_server_that_already_serves_the_task_is_refused(tmp_path: P
     with pytest.raises(UserError, match="ps0 already serves train for the exec of another: a second one would find"):
         ps0.run()
     assert not [verb for _, node, verb in nodes.calls if verb in ("run", "serve")]
+
+
+class IdleMetricsNodes(FakeNodes):
+    """Nodes whose metrics say, as the real guard's `metrics` does (protocol.Sample lines), that the node computes
+    nothing: a worker asleep, waiting for peers that never come."""
+
+    def start(self, node, argv, on_output, on_exit, env=None, workdir="/workspace", renew=False, resume=None):
+        if argv[2] != "metrics":
+            return super().start(node, argv, on_output, on_exit, env, workdir, renew, resume)
+        from tflab_guard.protocol import Sample
+
+        process = FakeProcess([], None, 3600, lambda *_: None, lambda *_: None)
+
+        def sample() -> None:
+            while not process.closed.wait(0.1):
+                on_output(Sample(t=time.time(), cpu_ns=10 ** 9, quota=0.5, mem=10 ** 8).line().encode() + b"\n", False)
+
+        threading.Thread(target=sample, daemon=True).start()
+        return process
+
+
+def test_an_exec_waiting_in_silence_for_nodes_no_exec_runs_is_stalled_naming_them_and_the_command(tmp_path: Path) -> None:
+    """`tflab exec worker1 train` alone: worker1 waits for worker0, which no exec runs; it prints nothing and computes
+    nothing. The stall rule ends it, naming worker0 and the command that starts it."""
+    nodes = IdleMetricsNodes(([], None, 3600), stack="own_retry_loop")
+    plan = RunPlan(servers=(), finishers=("worker1",), chief="worker0", task_index={"worker1": 1}, stall_s=1.0)
+    worker, said = session(tmp_path, nodes, plan=plan)
+    result = worker.run()
+    assert (result.verdict, result.code) == ("stalled", 1), (result, said)
+    assert result.problem.endswith("worker0 runs no exec of train, and this one waits for it: `tflab exec worker0 "
+                                   "train` in another terminal starts worker0, or `tflab run train` runs them all")
+    assert any("worker1 waits in the program's own code" in line for line in said), said

@@ -39,6 +39,7 @@ def exec_(
     tty: Annotated[bool | None, typer.Option("--tty/--no-tty", help="Give it a terminal (default: when stdin is one).")] = None,
     grace: Annotated[float | None, typer.Option(help="Stop a worker still waiting this many seconds after the chief's exec finished (without it, tflab only says so, after 30 s).")] = None,
     resume: Annotated[bool, typer.Option(help="Keep the previous session's outputs (resume from its checkpoint) when this exec starts one.")] = False,
+    stall: Annotated[float, typer.Option(help="Seconds the node may print no step and compute nothing; then the exec is stalled, and tflab says who runs no exec of the task (0: never).")] = 120.0,
     via: ViaOption = "docker",
     lab: LabOption = Path("."),
 ) -> None:
@@ -50,6 +51,8 @@ def exec_(
     """
     if grace is not None and not 0 <= grace < math.inf:  # before anything is asked of the engine
         raise UserError(f"--grace must be 0 or more seconds, not {grace}")
+    if not 0 <= stall < math.inf:
+        raise UserError(f"--stall must be 0 or more seconds, not {stall}")
     lf = open_lab(lab)
     lf.lab.node(node)
     check_via(via)
@@ -80,7 +83,9 @@ def exec_(
         task=task.name, node=node, servers=tuple(n.name for n in servers), commands=tasks.commands(lf.lab, task),
         env=tasks.task_env(task.name), lock=lf.state_file(f"exec-{task.name}.lock"),
         records=lf.state_dir / "execs" / task.name, runs_dir=lf.runs_dir,
-        plan=exec_plan(lf.lab, task, node, grace) if worker else None, resume=resume, progress=task.progress,
+        plan=exec_plan(lf.lab, task, node, grace, stall_s=stall) if worker else None, resume=resume,
+        progress=task.progress,
+        host_cpus=len(lf.config.host.cpus) or 1,
     )
     executor = side.executor([node, *setup.servers], via)
     err = err_console()

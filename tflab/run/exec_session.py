@@ -31,6 +31,7 @@ from tflab_guard import protocol
 from tflab.engine import guardcmd, guardwait
 from tflab.engine.attached import OLD_GUARD, End, Reattach
 from tflab.engine.executors import Attached, Executor, OnOutput
+from tflab.engine.metrics import ClusterSampler
 from tflab.errors import EngineError, Interrupted, TflabError, UserError
 from tflab.host.fanout import background, parallel
 from tflab.host.leases import LEASES
@@ -39,7 +40,7 @@ from tflab.plan import progress
 from tflab.plan.topology import GRPC_PORT
 from tflab.run import history
 from tflab.run.drive import RECORD_EVERY_S, Every, drive
-from tflab.run.events import Action, Began, Inspect, Interrupt, PeerEnded, Say, Stacks, Stop
+from tflab.run.events import Action, Began, Busy, Inspect, Interrupt, PeerEnded, Say, Stacks, Stop
 from tflab.run.watch import ProcessWatch
 from tflab.run.words import Verdict
 from tflab.run.machine import RunMachine
@@ -66,6 +67,8 @@ class ExecSetup:
     resume: bool = False
     progress: str | None = None  # the task's own progress pattern
     ready_timeout_s: float = 120.0
+    host_cpus: int = 1  # the host's CPUs (the node's CPU figures, for the stall rule, are shares of them)
+    metrics: bool = True  # sample the node's CPU: what tells a stall from work (no figures: never called stalled)
     stop_grace_s: float = protocol.STOP_GRACE_S
 
 
@@ -260,6 +263,19 @@ class ExecSession:
                     self.events.put(PeerEnded(chief, record.get("exit_code"), self.clock()))
                     return
 
+    def _never_joined(self) -> str:
+        """Who of the task's cluster runs no exec of it now (the others wait for them), and what starts them."""
+        setup = self.setup
+        live = {str(record.get("node")) for record in self.records.live(exclude=self.owner)}
+        missing = [name for name in setup.commands if name != setup.node and name not in setup.servers
+                   and name not in live]
+        if not missing:
+            return "every node of the task runs an exec of it: where each waits, its stack above"
+        first = missing[0]
+        return (f"{', '.join(missing)} {'runs' if len(missing) == 1 else 'run'} no exec of {setup.task}, and this one "
+                f"waits for {'it' if len(missing) == 1 else 'them'}: `tflab exec {first} {setup.task}` in another "
+                f"terminal starts {first}, or `tflab run {setup.task}` runs them all")
+
     def _force_stop(self, key: str) -> None:
         """The second Ctrl-C: the node's process group killed now (an engine that cannot is said, not raised)."""
         try:
@@ -330,15 +346,25 @@ class ExecSession:
                      "paused? `tflab fault clear`); left to the node")
             return "did not stop; left running"
 
+        # No exec waits in silence: the node's CPU figures feed the run's stall rule, as a run's cluster figures do.
+        sampler = ClusterSampler(self.executor, [setup.node], setup.host_cpus, every_s=1.0,
+                                 on_snapshot=lambda snap: self.events.put(Busy(self.clock(), tuple(
+                                     (name, figures.cpu_used) for name, figures in snap.nodes.items()))))
+        if setup.metrics and setup.plan is not None:
+            background(sampler.start, name="exec-metrics")
         try:
             carry_out(first)
             drive(machine, self.events, carry_out, self.clock, every=(Every(RECORD_EVERY_S, keep_record),),
                   give_up=give_up)
         finally:
+            sampler.close()
             watching.set()
             log.close()
         node = machine.nodes[setup.node]
         verdict = machine.verdict_of(setup.node)
+        problem = verdict.problem
+        if verdict.verdict == Verdict.STALLED:
+            problem = f"{problem}; {self._never_joined()}"
         return ExecResult(verdict.exit_code, verdict.verdict, (node.ended or self.clock()) - began, node.rate(),
-                          verdict.problem, log=log_path, quality={metric: value for _t, metric, value in node.quality},
+                          problem, log=log_path, quality={metric: value for _t, metric, value in node.quality},
                           result=watch.last_line)

@@ -65,7 +65,7 @@ def run_plan(lab: Lab, task: Task, grace_s: float = 30.0, timeout_s: float | Non
     )
 
 
-def exec_plan(lab: Lab, task: Task, node: str, grace_s: float | None = None) -> RunPlan:
+def exec_plan(lab: Lab, task: Task, node: str, grace_s: float | None = None, stall_s: float = 120.0) -> RunPlan:
     """The rules one `tflab exec` of a worker is judged by: the run's, for that worker alone.
 
     Its chief runs in another exec (or is this node); with `grace_s`, a worker still waiting
@@ -73,4 +73,5 @@ def exec_plan(lab: Lab, task: Task, node: str, grace_s: float | None = None) -> 
     """
     whole = run_plan(lab, task, grace_s=30.0 if grace_s is None else grace_s)
     return RunPlan(servers=(), finishers=(node,), chief=whole.chief, grace_s=whole.grace_s,
-                   task_index=whole.task_index, stop_hung=grace_s is not None, memory_limits=whole.memory_limits)
+                   task_index=whole.task_index, stop_hung=grace_s is not None, memory_limits=whole.memory_limits,
+                   stall_s=stall_s)

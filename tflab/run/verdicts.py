@@ -74,13 +74,13 @@ def teardown_message(plan: RunPlan, name: str, after: float) -> str:
 
 def node_verdict(finish: Finish, node: NodeRun) -> Finish:
     """A decided run as one node's `tflab exec` reports it: the node's own exit code where it ended by itself,
-    else what ended it (130 interrupted, 1 hung, 137 out of memory, 255 no exit code)."""
+    else what ended it (130 interrupted, 1 hung or stalled, 137 out of memory, 255 no exit code)."""
     if finish.verdict == Verdict.INTERRUPTED:
         return Finish(130, Verdict.INTERRUPTED, finish.problem)
     if node.verdict == Verdict.OK:
         return Finish(0, Verdict.OK)  # ended 0, or trained and was stopped in TensorFlow's teardown
-    if node.verdict == Verdict.HUNG:
-        return Finish(1, Verdict.HUNG, finish.problem)
+    if node.verdict in (Verdict.HUNG, Verdict.STALLED):
+        return Finish(1, node.verdict, finish.problem)
     if node.verdict == Verdict.OOM:
         return Finish(node.exit_code or 137, Verdict.OOM, finish.problem)
     if node.exit_code is None:
