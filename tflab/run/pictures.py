@@ -182,7 +182,7 @@ def page(task: str, found: list[Lane], report: RunReport, timeline: bytes | None
         return html.escape("" if value is None else str(value))
 
     rows = "".join(
-        f"<tr><td>{esc(lane.node)}</td><td>{esc(lane.role)}</td><td>{esc(lane.how)}</td>"
+        f"<tr><td>{esc(lane.node)}</td><td>{esc(ROLE_WORDS.get(lane.role, lane.role))}</td><td>{esc(lane.how)}</td>"
         f"<td>{esc(None if lane.start is None or lane.end is None else f'{lane.end - lane.start:.1f}s')}</td>"
         f"<td>{esc(_rate(report, lane.node))}</td><td class='{'good' if lane.verdict in GOOD else 'bad'}'>"
         f"{esc(lane.verdict)}</td><td><a href='logs/{esc(lane.node)}.log'>log</a></td></tr>" for lane in found)
