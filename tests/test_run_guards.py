@@ -153,3 +153,16 @@ def test_a_detached_run_gets_every_option_its_caller_was_given() -> None:
         if name not in ("detach", "lab"):
             assert second.params[name] == value, name
     assert second.params["detach"] is False
+
+
+def test_a_run_moved_aside_is_named_by_when_it_started(tmp_path: Path) -> None:
+    """As `tflab runs` lists it: its start, not the time its folder was last written (its end, or later)."""
+    import time
+
+    from tflab.run.runreport import RunReport
+
+    folder = history.fresh_run_dir(tmp_path, "train", resume=False)
+    started = time.mktime((2026, 12, 1, 9, 30, 0, 0, 0, -1))
+    RunReport(task="train", state="finished", started=started).save(folder)
+    history.fresh_run_dir(tmp_path, "train", resume=False)
+    assert [p.name for p in tmp_path.glob("train.*")] == ["train.20261201-093000"]

@@ -151,7 +151,9 @@ def fresh_run_dir(runs_dir: Path, task: str, resume: bool) -> Path:
         if not a_runs_folder(folder):  # never move what tflab did not make
             raise UserError(f"{folder} is not a run tflab made (no {RUN_FILE}, {LOG_DIR}/ or checkpoint in it), and "
                             f"a run of {task} would move it aside: rename it, or point the lab's runs elsewhere")
-        stamp_ = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
+        earlier = load(folder)  # named by when it started, as `tflab runs` lists it (its folder's mtime: when it ended)
+        began = earlier.started if earlier is not None and earlier.started else folder.stat().st_mtime
+        stamp_ = time.strftime("%Y%m%d-%H%M%S", time.localtime(began))
         aside = runs_dir / f"{task}.{stamp_}"
         number = 1
         while aside.exists():
