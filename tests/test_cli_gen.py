@@ -290,3 +290,17 @@ def test_gen_goes_on_where_the_index_of_labs_cannot_be_written(runner, tmp_path:
     result = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "lab"), "--nodes", "2"])
     assert result.exit_code == 0, result.stderr
     assert yaml.safe_load((tmp_path / "lab" / "tflab.yaml").read_text())["ports"]["ssh_base"] == 20022
+
+
+def test_gen_warns_when_each_node_is_too_small_to_start_tensorflow(runner, tmp_path: Path) -> None:
+    """A lab that would spend minutes importing TensorFlow says so at gen, with the cure; a fair one says nothing."""
+    small = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "small"), "--nodes", "2", "--gpus-per-node", "0",
+                                "--cpus-per-node", "0.1"], env={"COLUMNS": "200"})
+    assert small.exit_code == 0, small.stderr
+    said = " ".join(small.stdout.split())
+    assert "warning: each node has 0.1 CPU: importing TensorFlow (about 6 CPU-s) takes about 60 s at that" in said
+    assert "`tflab set` changes them" in said
+    fair = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "fair"), "--nodes", "2", "--gpus-per-node", "0",
+                               "--cpus-per-node", "0.5"], env={"COLUMNS": "200"})
+    assert fair.exit_code == 0, fair.stderr
+    assert "warning: each node" not in fair.stdout

@@ -94,6 +94,9 @@ def gen(
     if picture is not None:
         out.print(picture)
     out.print(views.machines_text(written.lab, host))
+    small = next((why for why in (shares.too_small(n.share) for n in written.lab.nodes) if why), None)
+    if small:
+        out.print(f"warning: {small}", style="yellow", markup=False, soft_wrap=True)
     if made.ports_note:
         out.print(made.ports_note)
     if shaped:

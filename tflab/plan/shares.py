@@ -256,3 +256,24 @@ def check_cpus_fit(share: Share, cpus: float, host_cpus: int, node: str, what: s
         pinned = len(share.cpuset)
         where = f"its {pinned} pinned CPU{'s' if pinned > 1 else ''}" if pinned else f"the host's {most} CPUs"
         raise UserError(f"{what}: {node} runs on {where}, so it cannot have more than {most:g} CPU")
+
+
+# What one TensorFlow program needs to start in reasonable time: its import takes about 6 CPU-s, and the process
+# about 0.7 GiB before the model (measured on tflab-base:cpu, TensorFlow 2.21).
+IMPORT_CPU_S, LEAST_CPUS, LEAST_MIB = 6.0, 0.25, 1024
+
+
+def too_small(share: Share) -> str | None:
+    """Why a node of this share would start TensorFlow too slowly or not at all, or None."""
+    said = []
+    cpus = share.cpus
+    if cpus is not None and cpus < LEAST_CPUS:
+        said.append(f"{cpus:g} CPU: importing TensorFlow (about {IMPORT_CPU_S:g} CPU-s) takes about "
+                    f"{IMPORT_CPU_S / cpus:.0f} s at that")
+    if share.memory_mib is not None and share.memory_mib < LEAST_MIB:
+        said.append(f"{memory_text(share.memory_mib)} of memory: a TensorFlow process takes about 0.7G before its "
+                    "model")
+    if not said:
+        return None
+    return ("each node has " + " and ".join(said) + ": fewer --nodes, or --cpus-per-node 0 and --memory-per-node 0 "
+            "to share the host's (`tflab set` changes them)")
