@@ -292,6 +292,19 @@ def test_gen_goes_on_where_the_index_of_labs_cannot_be_written(runner, tmp_path:
     assert yaml.safe_load((tmp_path / "lab" / "tflab.yaml").read_text())["ports"]["ssh_base"] == 20022
 
 
+def test_labs_lists_the_labs_generated_here_with_how_many_nodes_run(runner, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("first", "second"):
+        made = runner.invoke(cli, ["gen", "--lab", str(tmp_path / name), "--nodes", "2", "--gpus-per-node", "0",
+                                   "--name", f"mine-{name}"])
+        assert made.exit_code == 0, made.stderr
+    (tmp_path / "second" / "tflab.yaml").unlink()  # a lab removed by hand is no lab any more
+    shown = runner.invoke(cli, ["labs"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if "mine-" in line]
+    assert len(rows) == 1 and str(tmp_path / "first") in rows[0] and "down" in rows[0], shown.stdout
+
+
 def test_gen_warns_when_each_node_is_too_small_to_start_tensorflow(runner, tmp_path: Path) -> None:
     """A lab that would spend minutes importing TensorFlow says so at gen, with the cure; a fair one says nothing."""
     small = runner.invoke(cli, ["gen", "--lab", str(tmp_path / "small"), "--nodes", "2", "--gpus-per-node", "0",

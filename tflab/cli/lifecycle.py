@@ -263,3 +263,39 @@ def down(lab: LabOption = Path(".")) -> None:
     if removed or networks:
         console().print(f"removed {plural(removed, 'node')} and {plural(networks, 'network')}; "
                         f"outputs stay in {lf.runs_dir}")
+
+
+def labs() -> None:
+    """The labs on this host: those generated here (name, folder, nodes, how many run, SSH ports), and any the engine
+    runs that no folder here names."""
+    from rich.table import Table
+
+    from tflab.engine.containers import labelled
+    from tflab.host import labindex
+
+    running: dict[str, list[bool]] = {}
+    engine_note = ""
+    try:
+        for container in labelled(daemon.client(), "tflab.lab"):
+            running.setdefault(container.labels.get("tflab.lab", "?"), []).append(container.status == "running")
+    except TflabError as exc:
+        engine_note = f" (the engine cannot be asked: {exc})"
+    table = Table(title=f"tflab labs on this host{engine_note}")
+    for column in ("lab", "folder", "nodes", "up", "SSH"):
+        table.add_column(column, overflow="fold")
+    seen = set()
+    for root in labindex.roots():
+        try:
+            lf = labfiles.open_lab(root)
+        except UserError:
+            table.add_row("?", str(root), "-", "-", "(its tflab.yaml cannot be read)")
+            continue
+        seen.add(lf.project)
+        states = running.get(lf.project, [])
+        up = f"{sum(states)} of {len(lf.lab.nodes)}" if states else "down"
+        ports = [n.ssh_port for n in lf.lab.nodes]
+        table.add_row(lf.config.name, str(root), str(len(lf.lab.nodes)), up, f"{min(ports)}-{max(ports)}")
+    for project, states in sorted(running.items()):
+        if project not in seen:
+            table.add_row(project, "(no folder here names it)", str(len(states)), f"{sum(states)} of {len(states)}", "-")
+    console().print(table)

@@ -75,6 +75,11 @@ def claimed(besides: Path) -> set[int]:
     return ports
 
 
+def roots() -> list[Path]:
+    """The folders of the labs generated here that still hold a lab, in the order they were recorded."""
+    return [Path(root) for root in _read() if (Path(root) / cfg.LAB_FILE).is_file()]
+
+
 def record(root: Path) -> None:
     """Keep the lab in `root` in the index with the ports it publishes; forget labs that are gone."""
     labs = {folder: ports for folder, ports in _read().items() if published(Path(folder)) == ports}
