@@ -166,3 +166,17 @@ def test_a_run_moved_aside_is_named_by_when_it_started(tmp_path: Path) -> None:
     RunReport(task="train", state="finished", started=started).save(folder)
     history.fresh_run_dir(tmp_path, "train", resume=False)
     assert [p.name for p in tmp_path.glob("train.*")] == ["train.20261201-093000"]
+
+
+def test_attach_to_a_finished_run_says_it_replays_it(runner, lab: Path) -> None:
+    """issue 63.11: attach to a run that ended printed its output as if it were going now."""
+    folder = lab / "runs" / "train"
+    folder.mkdir(parents=True)
+    ended = time.mktime((2026, 12, 1, 9, 30, 5, 0, 0, -1))
+    RunReport(task="train", state="finished", started=ended - 60, ended=ended, verdict="ok", exit_code=0,
+              result="accuracy 0.97").save(folder)
+    (folder / history.OUTPUT_FILE).write_text("[worker0] step 100\n[worker0] accuracy 0.97\n")
+    result = runner.invoke(cli, ["attach", "train", "--lab", str(lab)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.stderr
+    assert "tflab: run train ended 2026-12-01 09:30:05 (ok); its output as it was:" in result.stderr
+    assert "[worker0] accuracy 0.97" in result.stdout

@@ -304,6 +304,10 @@ def attach(
     out = console()
     position = 0
     detached = [False]
+    if report.finished:  # nothing to follow: say that what comes is a replay, not a run going now
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.ended)) if report.ended else "earlier"
+        err_console().print(f"tflab: run {task} ended {when} ({report.verdict or 'no verdict'}); its output as it "
+                            "was:", markup=False)
 
     def on_stop(_reason: str, _force: bool) -> None:
         detached[0] = True
