@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,8 @@ def test_rows_files_resume_and_report(tmp_path: Path) -> None:
     for point in spec.points()[:4]:
         knobs = sweep.point_knobs(point, LAB, 4)
         rate = 10.0 * int(point.values["workers"])
-        rows.append(sweep.row(spec, point, fake_run(rate), f"runs/{point.key}", sweep.batch_of("{BATCH}", knobs, LAB), nodes))
+        run = replace(fake_run(rate), quality={"accuracy": 0.9})
+        rows.append(sweep.row(spec, point, run, f"runs/{point.key}", sweep.batch_of("{BATCH}", knobs, LAB), nodes))
     sweep.save_spec(tmp_path, spec)
     sweep.save_rows(tmp_path, spec, rows, nodes)
     assert [p.key for p in sweep.missing(spec, sweep.load_rows(tmp_path))] == ["p005", "p006"]
@@ -88,11 +90,15 @@ def test_rows_files_resume_and_report(tmp_path: Path) -> None:
     assert sweep.batch_of("16 per worker", two, LAB) == 32 and sweep.batch_of("{BATCH} per worker", two, LAB) == 64
     assert sweep.batch_of("{OTHER}", two, LAB) is None
     found = sweep_report.write_all(tmp_path, spec, rows, costmodel.PS, "100mbit", sweep.missing(spec, rows))
-    assert [p.name for p in found["plots"]] == ["examples-by-workers.png", "examples-by-env.BATCH.png"]
+    assert [p.name for p in found["plots"]] == ["examples-by-workers.png", "examples-by-env.BATCH.png",
+                                                "accuracy-by-workers.png", "accuracy-by-env.BATCH.png"]
     assert found["plots"][0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (tmp_path / "report.md").read_text()
-    assert "| 2 | 32 | 1 | ok | 20 | 640 | 4.2 | link |" in report
+    assert "| 2 | 32 | 1 | ok | 20 | 640 | 4.2 | 0.9 | link |" in report
     assert "![examples-by-workers](examples-by-workers.png)" in report and "2 missing" in report
+    # issue 63.11: every plot was captioned with the throughput's unit, the accuracy plot too
+    assert "examples/s against workers:\n\n![examples-by-workers](examples-by-workers.png)" in report
+    assert "accuracy (last printed) against workers:\n\n![accuracy-by-workers](accuracy-by-workers.png)" in report
 
 
 def norm4(*terms: float) -> float:

@@ -275,7 +275,6 @@ def _cell(value: Any) -> str:
 def write_report(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]], plots: Sequence[Path],
                  predicted: Sequence[Mapping[str, Any]], strategy: str, missing: Sequence[Point]) -> Path:
     """report.md: the table, the plots, the limits found, and the predictions with their measured error."""
-    column, label = throughput(rows)
     axes = [a.name for a in spec.axes]
     metrics = [m for m in QUALITY_COLUMNS if any(r.get(m) is not None for r in rows)]
     target = [f"{spec.target[0]} {spec.target[1]:g} after (s)"] if spec.target else []
@@ -296,9 +295,12 @@ def write_report(folder: Path, spec: SweepSpec, rows: Sequence[Mapping[str, Any]
                                                             r.get("steps_per_s"), r.get("examples_per_s"),
                                                             r.get("first_step_s"), *(r.get(m) for m in metrics),
                                                             *reached, limit]) + " |")
-    if plots:
-        lines += ["", "## Plots", "", f"{label} (mean over repeats; the bars span the lowest and highest repeat).", ""]
-        lines += [f"![{p.stem}]({p.name})" for p in plots]
+    if plots:  # each plot under its own measure's caption (an accuracy plot is no throughput plot)
+        measures = {c.replace("_per_s", ""): shown for c, shown in plotted(spec, rows)}
+        lines += ["", "## Plots", "", "Each point is the mean over repeats; the bars span the lowest and highest repeat."]
+        for p in plots:
+            measure, _, axis = p.stem.partition("-by-")
+            lines += ["", f"{measures.get(measure, measure)} against {axis}:", "", f"![{p.stem}]({p.name})"]
     lines += ["", "## What limited each run", ""]
     for r in rows:
         values = ", ".join(f"{a}={r.get(a)}" for a in axes)
