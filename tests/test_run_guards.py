@@ -180,3 +180,26 @@ def test_attach_to_a_finished_run_says_it_replays_it(runner, lab: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert "tflab: run train ended 2026-12-01 09:30:05 (ok); its output as it was:" in result.stderr
     assert "[worker0] accuracy 0.97" in result.stdout
+
+
+def test_runs_lists_the_execs_going_ended_and_abandoned(runner, lab: Path) -> None:
+    """issue 63.11: an exec session never appeared in `runs`; now each exec is a row with its state and exit code."""
+    lf = open_lab(lab)
+    records = history.ExecRecords(lf.state_dir / "execs" / "train")
+    now = time.time()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = os.getpid()
+    records.write("worker0", {"task": "train", "node": "worker0", "id": "a", "pid": dead.pid, "started": now - 300,
+                              "ended": now - 240, "exit_code": 0, "verdict": "ok"})
+    records.write("worker1", {"task": "train", "node": "worker1", "id": "b", "pid": me,
+                              "pid_start": history.process_start(me), "started": now - 30, "ended": None})
+    records.write("worker1", {"task": "train", "node": "worker1", "id": "c", "pid": dead.pid, "started": now - 200,
+                              "ended": None})
+    result = runner.invoke(cli, ["runs", "--lab", str(lab)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.stderr
+    rows = [" ".join(line.split()) for line in result.stdout.splitlines() if "train" in line and "│" in line]
+    assert [r.split("│")[1].strip() for r in rows] == ["worker0 train", "worker1 train", "worker1 train"], rows
+    assert "│ 60.0s │" in rows[0], rows[0]
+    assert rows[0].endswith("ok │ 0 │") and rows[1].endswith("abandoned │ - │") and rows[2].endswith("running │ - │")
+    assert "no runs yet" not in result.stdout

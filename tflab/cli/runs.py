@@ -271,15 +271,24 @@ def wait_until_started(child, folder: Path, log_path: Path, task: str, wait_s: f
                     f"see {log_path} and `tflab attach {task}`")
 
 
+EXECS_SHOWN = 20  # the latest execs `runs` lists (their records stay)
+
+
 def runs(lab: LabOption = Path(".")) -> None:
     """The lab's runs, going and finished: task, start, duration, verdict, result, steps/s."""
     lf = open_lab(lab)
     found = history.all_runs(lf.runs_dir)
     skipped = history.unreadable(lf.runs_dir)
-    if not found:
+    execs = history.all_execs(lf.state_dir / "execs")
+    if not found and not execs:
         console().print(f"no runs yet in {lf.runs_dir} (`tflab run TASK` makes one)")
-    else:
+    if found:
         console().print(views.runs_table(found))
+    if execs:
+        shown = execs[-EXECS_SHOWN:]
+        console().print(views.execs_table(shown))
+        if len(execs) > len(shown):
+            console().print(f"{len(execs) - len(shown)} earlier execs left out")
     if skipped:
         console().print(f"left out: {', '.join(p.name for p in skipped)} (their {runreport.RUN_FILE} is not one "
                         "tflab wrote)")

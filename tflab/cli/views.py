@@ -237,6 +237,27 @@ def ending_text(report: RunReport) -> str:
     return f" ({', '.join(said)})" if said else ""
 
 
+def execs_table(records: Sequence[Mapping[str, object]]) -> Table:
+    """The execs kept for the lab's tasks, oldest first: node and task, started, duration, state or verdict, exit."""
+    import time
+
+    from tflab.run import history
+
+    table = Table(title="execs (`tflab exec NODE TASK`; their output is in runs/TASK/logs/NODE.log)")
+    for column in ("exec", "started", "duration", "verdict", "exit"):
+        table.add_column(column, no_wrap=column == "verdict")
+    for record in records:
+        started, ended = record.get("started"), record.get("ended")
+        began = float(started) if isinstance(started, (int, float)) else None
+        end = float(ended) if isinstance(ended, (int, float)) else None
+        duration = (end if end is not None else time.time()) - began if began is not None else None
+        state = str(record.get("state"))
+        table.add_row(f"{record.get('node')} {record.get('task')}", history.stamp(began) if began else "-",
+                      _seconds(duration), Text(state, style=verdict_colour(state)),
+                      "-" if record.get("exit_code") is None else str(record.get("exit_code")))
+    return table
+
+
 def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
     """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s, what limited it."""
     import time

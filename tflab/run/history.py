@@ -233,6 +233,22 @@ def holding(runs_dir: Path, execs_dir: Path, task: str) -> str | None:
     return None
 
 
+def all_execs(execs_dir: Path) -> list[dict[str, Any]]:
+    """Every exec of every task kept here (going, ended or abandoned), oldest first, each with its `state`."""
+    found = []
+    if execs_dir.is_dir():
+        for folder in sorted(p for p in execs_dir.iterdir() if p.is_dir()):
+            for record in ExecRecords(folder).all():
+                if record.get("ended") is not None:
+                    state = str(record.get("verdict") or "ended")
+                elif pid_alive(record.get("pid"), record.get("pid_start")):
+                    state = Verdict.RUNNING
+                else:
+                    state = Verdict.ABANDONED
+                found.append({**record, "task": record.get("task") or folder.name, "state": state})
+    return sorted(found, key=lambda r: r.get("started") or 0)
+
+
 def activity(runs_dir: Path, execs_dir: Path) -> dict[str, tuple[str, float | None]]:
     """What each node is running now, by node: (task, its current steps/s), from live runs and execs."""
     found: dict[str, tuple[str, float | None]] = {}
