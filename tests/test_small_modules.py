@@ -251,3 +251,32 @@ def test_tflab_runs_keeps_the_verdict_whole_in_a_narrow_terminal() -> None:
     assert "interrupted" in console.export_text(), console.export_text()
     assert views.result_text(RunReport(task="t", state="finished", result="worker0: done",
                                        quality={"loss": 0.5})) == "worker0: done [loss 0.5]"
+
+
+def test_tflab_runs_is_one_line_a_run_with_the_names_whole_in_80_and_120_columns() -> None:
+    """issue 63.11: `runs` wrapped a run into 4-9 lines and cut a moved-aside run's name in 80-120 columns."""
+    from rich.console import Console
+
+    from tflab.cli import views
+    from tflab.run.runreport import RunReport
+
+    found = [("train", RunReport(task="train", state="finished", verdict="ok", started=1.8e9, duration_s=100.0,
+                                 result="worker0: test accuracy 0.9712 after 2000 global steps", steps_per_s=12.3,
+                                 limit={"kind": "worker-cpu"})),
+             ("allreduce.20261207-101010", RunReport(
+                 task="allreduce", state="finished", verdict="interrupted", started=1.8e9, duration_s=9.5,
+                 result="keras3-per-replica: ValueError: Attempt to convert a value (PerReplica:{", steps_per_s=None,
+                 limit={"kind": "worker-cpu"}))]
+    for width in (80, 120):
+        console = Console(width=width, record=True)
+        console.print(views.runs_table(found))
+        lines = [line.rstrip() for line in console.export_text().splitlines() if line.strip()]
+        rows = [line for line in lines if line.startswith(("train ", "allreduce.20261207-101010 "))]
+        assert len(rows) == 2 and all("worker-cpu" in r for r in rows), lines
+        assert "interrupted" in rows[1] and max(len(line) for line in lines) <= width, lines
+        if width == 80:  # the results follow, a line each
+            assert "train: worker0: test accuracy 0.9712 after 2000 global steps" in lines, lines
+            assert lines[-1].startswith("allreduce.20261207-101010: keras3-per-replica: ValueError") and \
+                lines[-1].endswith("…"), lines
+        else:
+            assert "worker0: test accuracy 0.9712" in rows[0], rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 from tflab_guard import protocol
@@ -258,36 +259,67 @@ def execs_table(records: Sequence[Mapping[str, object]]) -> Table:
     return table
 
 
-def runs_table(found: Sequence[tuple[object, RunReport]]) -> Table:
+def runs_table(found: Sequence[tuple[object, RunReport]]) -> RunsTable:
     """The lab's runs, oldest first: folder, started, duration, state or verdict, result, steps/s, what limited it."""
-    import time
+    return RunsTable(found)
 
-    from tflab.run import history
 
-    table = Table()
-    with_knobs = any(report.knobs for _, report in found)  # a column only where a run had some
-    for column in ("run", "started", "duration", *(["knobs"] if with_knobs else []), "verdict", "result", "steps/s",
-                   "limit"):
-        # A narrow terminal squeezes the other columns: a verdict is never cut to "interrup…".
-        table.add_column(column, no_wrap=column == "verdict")
-    for folder, report in found:
-        if report.finished:
-            verdict = report.verdict or "-"
-        elif report.is_live():
-            verdict = report.state or "running"
-        else:
-            verdict = Verdict.ABANDONED
-        started = report.started
-        rate = report.steps_per_s
-        duration = report.duration_s if report.finished or not started else time.time() - started
-        table.add_row(
-            getattr(folder, "name", str(folder)),
-            history.stamp(started) if started else "-",
-            _seconds(duration),
-            *([knobs_text(report.knobs) or "-"] if with_knobs else []),
-            Text(verdict + ending_text(report), style=verdict_colour(verdict)),
-            result_text(report),
-            f"{rate:.1f}" if rate else "-",
-            str((report.limit or {}).get("kind") or "-"),
-        )
-    return table
+class RunsTable:
+    """`tflab runs` as a person reads it in any terminal: one line a run, the run's name, start, verdict and limit
+    whole, the result cut with "…" to what is left (run.json and `tflab attach` keep it whole); where fewer than
+    RESULT_LEAST columns are left for it (80 columns, a run moved aside), the results follow the table, a line each."""
+
+    RESULT_LEAST = 24
+
+    def __init__(self, found: Sequence[tuple[object, RunReport]]) -> None:
+        import time
+
+        self.rows = []
+        for folder, report in found:
+            if report.finished:
+                verdict = report.verdict or "-"
+            elif report.is_live():
+                verdict = report.state or "running"
+            else:
+                verdict = Verdict.ABANDONED
+            started = report.started
+            rate = report.steps_per_s
+            duration = report.duration_s if report.finished or not started else time.time() - started
+            self.rows.append({
+                "run": getattr(folder, "name", str(folder)),
+                "started": time.strftime("%m-%d %H:%M", time.localtime(started)) if started else "-",
+                "took": _seconds(duration),
+                "knobs": knobs_text(report.knobs) or "-" if report.knobs else "-",
+                "verdict": verdict, "ending": ending_text(report), "result": result_text(report),
+                "steps/s": f"{rate:.1f}" if rate else "-",
+                "limit": str((report.limit or {}).get("kind") or "-"),
+            })
+        self.with_knobs = any(report.knobs for _, report in found)  # a column only where a run had some
+
+    def _width(self, column: str) -> int:
+        return max([len(column), *(len(row[column]) for row in self.rows)])
+
+    def table(self, with_result: bool) -> Table:
+        table = Table(box=None, pad_edge=False, header_style="bold underline")
+        columns = ["run", "started", "took", *(["knobs"] if self.with_knobs else []), "verdict",
+                   *(["result"] if with_result else []), "steps/s", "limit"]
+        for column in columns:
+            whole = column in ("run", "started", "took", "steps/s", "limit")
+            # A narrow terminal squeezes the others: a verdict is never cut to "interrup…" (its ending may wrap).
+            least = self._width(column) if whole or column == "verdict" else None
+            table.add_column(column, no_wrap=whole, min_width=least, overflow="fold")
+        for row in self.rows:
+            cells = {**row, "verdict": Text(row["verdict"] + row["ending"], style=verdict_colour(row["verdict"])),
+                     "result": Text(row["result"], no_wrap=True, overflow="ellipsis")}
+            table.add_row(*(cells[c] for c in columns))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        fixed = ["run", "started", "took", "verdict", "steps/s", "limit"]
+        taken = sum(self._width(c) + 2 for c in fixed) + (14 if self.with_knobs else 0)  # each with its padding
+        with_result = options.max_width - taken >= self.RESULT_LEAST
+        yield self.table(with_result)
+        if not with_result:
+            for row in self.rows:
+                if row["result"] != "-":
+                    yield Text(f"{row['run']}: {row['result']}", no_wrap=True, overflow="ellipsis")
