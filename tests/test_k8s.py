@@ -212,3 +212,32 @@ def test_a_manifest_tflab_got_wrong_is_tflabs_fault_not_the_users(runner, tmp_pa
     assert result.stderr.startswith("tflab: error: tflab made a Kubeflow TFJob (kubeflow.org/v1) that does not "
                                     "validate (spec.tfReplicaSpecs.PS.restartPolicy 'Sometimes' is not one of")
     assert "this is a bug in tflab" in result.stderr and not target.exists()
+
+
+def test_render_k8s_sizes_each_pod_for_the_cluster_not_this_host(runner, tmp_path: Path, monkeypatch) -> None:
+    """issue 63.11: the TFJob copied this host's small shares (half a CPU, 1 GiB) with no way to size it."""
+    monkeypatch.setattr("tflab.host.ports.port_free", lambda host, port: True)
+    root = tmp_path / "lab"
+    made = runner.invoke(cli, ["gen", "--lab", str(root), "--nodes", "3", "--gpus-per-node", "0",
+                               "--cpus-per-node", "0.5", "--memory-per-node", "1g"])
+    assert made.exit_code == 0, made.stderr
+
+    def resources(*args: str) -> dict:
+        done = runner.invoke(cli, ["render", "k8s", "--lab", str(root), "--image", "x:1", *args])
+        assert done.exit_code == 0, done.stderr
+        manifest = yaml.safe_load(done.stdout)
+        assert k8s.problems_of(manifest) == []
+        return container(manifest["spec"]["tfReplicaSpecs"]["Worker"]).get("resources", {})
+
+    here = {"cpu": "500m", "memory": "1024Mi"}
+    assert resources() == {"limits": here, "requests": here}
+    big = {"cpu": "8", "memory": "32768Mi"}
+    assert resources("--cpus-per-node", "8", "--memory-per-node", "32g") == {"limits": big, "requests": big}
+    assert resources("--cpus-per-node", "0", "--memory-per-node", "0") == {}
+    assert resources("--cpus-per-node", "4") == {"limits": {"cpu": "4", "memory": "1024Mi"},
+                                                 "requests": {"cpu": "4", "memory": "1024Mi"}}
+    for args, message in ((["--cpus-per-node", "many"], "--cpus-per-node 'many' is not auto, 0, or a number"),
+                          (["--memory-per-node", "32"], "--memory-per-node '32' is not a size"),
+                          (["--cpus-per-node", "auto"], "--cpus-per-node auto is this host's share")):
+        failed = runner.invoke(cli, ["render", "k8s", "--lab", str(root), "--image", "x:1", *args])
+        assert failed.exit_code == 2 and message in failed.stderr and len(failed.stderr.strip().splitlines()) == 1

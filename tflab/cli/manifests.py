@@ -23,11 +23,14 @@ def k8s_(
     runs_claim: Annotated[str, typer.Option(help="PersistentVolumeClaim mounted at /runs.")] = "tflab-runs",
     namespace: Annotated[str | None, typer.Option(help="Namespace of the job (default: none, kubectl's).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the manifest here (default: standard output).")] = None,
+    cpus_per_node: Annotated[str | None, typer.Option("--cpus-per-node", help="CPUs each pod asks for on the cluster (8, or 0.5; 0: none asked), in place of the node's share of this host.")] = None,
+    memory_per_node: Annotated[str | None, typer.Option("--memory-per-node", help="Memory each pod asks for on the cluster (32g; 0: none asked), in place of the node's share of this host.")] = None,
     lab: LabOption = Path("."),
 ) -> None:
     """Write the lab as a Kubernetes manifest, validated (strictly) against the CRD schemas first."""
     lf = open_lab(lab)
-    text = k8s.render_manifest(lf.config, lf.lab, kind, image, task, runs_claim, namespace, node_proxies())
+    pods = k8s.sized(lf.lab, cpus_per_node, memory_per_node)
+    text = k8s.render_manifest(lf.config, pods, kind, image, task, runs_claim, namespace, node_proxies())
     if output is None:
         typer.echo(text, nl=False)
         return

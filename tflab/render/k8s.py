@@ -10,15 +10,16 @@ import json
 import re
 import shlex
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import yaml
 
 from tflab.errors import TflabError, UserError
 from tflab.plan import config as cfg
-from tflab.plan import proxies, tasks
+from tflab.plan import proxies, shares, tasks
 from tflab.plan.shares import Share
-from tflab.plan.topology import GRPC_PORT, Lab, node_name
+from tflab.plan.topology import GRPC_PORT, Lab, Node, node_name
 from tflab.render import schemas, templates
 
 KINDS = {"tfjob": "Kubeflow TFJob (kubeflow.org/v1)", "jobset": "JobSet (jobset.x-k8s.io/v1alpha2)"}
@@ -297,6 +298,33 @@ def problems_of(manifest: dict[str, Any]) -> list[str]:
             problems.append(f"metadata.name {name!r} is not a DNS-1035 label")
         return problems
     return [f"kind {manifest.get('kind')!r} is neither TFJob nor JobSet"]
+
+
+def sized(lab: Lab, cpus: str | None, memory: str | None) -> Lab:
+    """The lab with every pod sized for the cluster, not this host: `cpus` (a number, or 0 for none asked) and
+    `memory` (a size, or 0 for none asked) in place of each node's share here; None keeps the share."""
+    if cpus is None and memory is None:
+        return lab
+    cpu_choice = shares.check_cpu_choice(cpus, "--cpus-per-node") if cpus is not None else None
+    if cpu_choice == shares.AUTO:
+        raise UserError("--cpus-per-node auto is this host's share, which render k8s gives without it: name a "
+                        "number of CPUs for each pod, or 0 to ask for none")
+    memory_choice = shares.check_memory_choice(memory, "--memory-per-node") if memory is not None else None
+    if memory_choice == shares.AUTO:
+        raise UserError("--memory-per-node auto is this host's share, which render k8s gives without it: name a "
+                        "size for each pod, or 0 to ask for none")
+
+    def share_of(node: Node) -> Share:
+        share = node.share
+        if cpu_choice is not None:
+            share = replace(share, cpuset=(), numa=None,
+                            quota=None if cpu_choice == shares.SHARED else float(cpu_choice))
+        if memory_choice is not None:
+            share = replace(share, memory_mib=None if memory_choice == shares.SHARED
+                            else shares.size_mib(memory_choice, "--memory-per-node"))
+        return share
+
+    return replace(lab, nodes=tuple(replace(node, share=share_of(node)) for node in lab.nodes))
 
 
 def render_manifest(config: cfg.LabConfig, lab: Lab, kind: str, image: str | None, task_name: str | None, runs_claim: str,
