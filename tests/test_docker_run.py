@@ -88,8 +88,9 @@ def _task_processes(client, project: str) -> dict[str, str]:
             if args.startswith("python3 /usr/local/share/tflab/guard.pyz") and (
                     {"ended", "delivered"} & set(args.split())):
                 continue  # tflab asking how a process ended, or telling the node it read all its output
-            if args.startswith("tflab-guard serve tensorboard") or "tensorboard --logdir /runs" in args:
-                continue  # the lab's TensorBoard (every run starts it where none serves): no task's process
+            if args.startswith("tflab-guard serve tensorboard") or "tensorboard --logdir /runs" in args or (
+                    "/tensorboard_data_server/bin/server " in args and "--logdir=/runs " in args):
+                continue  # the lab's TensorBoard (every run starts it where none serves) and its data server: no task's
             rest.append(f"{args} ({pid} {state})" if args.startswith("[") else args)
         if rest:
             left[name] = "; ".join(rest)
