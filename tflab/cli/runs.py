@@ -183,12 +183,14 @@ def run(
                          metrics=metrics, drill=drill, expect=faults.check_expectation(expect, drill), via=via,
                          stall_s=stall)
     prepared = prepare_run(lf, request, lambda: backend(lf))
-    if not detached_child:  # every run names the lab's one TensorBoard (started where none serves)
+    if not detached_child:  # every run names the lab's one TensorBoard (started where none serves), after its plan
         try:
-            console().print(ensure_board(lf, prepared.side), markup=False, soft_wrap=True)
+            prepared.board = ensure_board(lf, prepared.side)
         except TflabError as exc:
             log.debug("no TensorBoard for this run: %s", exc)
     if detach and not detached_child:
+        if prepared.board:
+            console().print(prepared.board, markup=False, soft_wrap=True)
         prepared.lock.close()  # the run's own process takes it
         _detach(lf, task, options_again(ctx, leave_out={"detach", "detached_child", "lab"}))
         return

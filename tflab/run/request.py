@@ -61,6 +61,7 @@ class PreparedRun:
     knob_setter: KnobSetter | None
     session: TaskRun | None = None
     interrupted: tuple[str, bool] | None = None
+    board: str | None = None  # the lab's TensorBoard in words, said right after the run's plan
 
     def interrupt(self, reason: str = "interrupted", force: bool = False) -> None:
         if self.session is not None:
@@ -120,6 +121,8 @@ def execute_run(lf: LabFiles, prepared: PreparedRun, make_sink: Callable[[IO[str
         servers = plan.servers + plan.sidecars
         sink.event(f"run {definition.name}: servers {', '.join(servers)} first, then {', '.join(plan.finishers)}"
                    if servers else f"run {definition.name}: {', '.join(plan.finishers)} (no servers)")
+        if prepared.board:
+            sink.event(prepared.board)
         if request.knobs:
             sink.event(f"this run's knobs: {request.knobs.describe()}")
         setter = prepared.knob_setter
