@@ -280,3 +280,24 @@ def test_tflab_runs_is_one_line_a_run_with_the_names_whole_in_80_and_120_columns
                 lines[-1].endswith("…"), lines
         else:
             assert "worker0: test accuracy 0.9712" in rows[0], rows
+
+
+def test_a_runs_knobs_stay_whole_below_the_table_where_the_terminal_is_narrow() -> None:
+    """A sweep's knobs wrapped into six lines of ten columns in 80: they go below the table with the result."""
+    from rich.console import Console
+
+    from tflab.cli import views
+    from tflab.run.runreport import RunReport
+
+    found = [("wait", RunReport(task="wait", state="finished", verdict="ok", started=1.8e9, duration_s=20.0,
+                                result="worker0: done", limit={"kind": "link"},
+                                knobs={"workers": 2, "link_rate": "20mbit", "cpus": {"worker0": 0.3}}))]
+    narrow = Console(width=80, record=True)
+    narrow.print(views.runs_table(found))
+    lines = [line.rstrip() for line in narrow.export_text().splitlines() if line.strip()]
+    assert lines[1].startswith("wait ") and lines[1].split()[-4:] == ["20.0s", "ok", "-", "link"], lines
+    assert len(lines) == 3 and lines[2] == "wait: workers 2, link 20mbit, cpus worker0=0.3; worker0: done", lines
+    wide = Console(width=200, record=True)
+    wide.print(views.runs_table(found))
+    rows = [line for line in wide.export_text().splitlines() if line.startswith("wait ")]
+    assert len(rows) == 1 and "workers 2, link 20mbit, cpus worker0=0.3" in rows[0] and "worker0: done" in rows[0]

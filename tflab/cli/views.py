@@ -299,12 +299,13 @@ class RunsTable:
     def _width(self, column: str) -> int:
         return max([len(column), *(len(row[column]) for row in self.rows)])
 
-    def table(self, with_result: bool) -> Table:
+    def table(self, inline: bool) -> Table:
+        """The table; with `inline`, the knobs and results in it too."""
         table = Table(box=None, pad_edge=False, header_style="bold underline")
-        columns = ["run", "started", "took", *(["knobs"] if self.with_knobs else []), "verdict",
-                   *(["result"] if with_result else []), "steps/s", "limit"]
+        columns = ["run", "started", "took", *(["knobs"] if self.with_knobs and inline else []), "verdict",
+                   *(["result"] if inline else []), "steps/s", "limit"]
         for column in columns:
-            whole = column in ("run", "started", "took", "steps/s", "limit")
+            whole = column in ("run", "started", "took", "knobs", "steps/s", "limit")
             # A narrow terminal squeezes the others: a verdict is never cut to "interrup…" (its ending may wrap).
             least = self._width(column) if whole or column == "verdict" else None
             table.add_column(column, no_wrap=whole, min_width=least, overflow="fold")
@@ -315,11 +316,12 @@ class RunsTable:
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        fixed = ["run", "started", "took", "verdict", "steps/s", "limit"]
-        taken = sum(self._width(c) + 2 for c in fixed) + (14 if self.with_knobs else 0)  # each with its padding
-        with_result = options.max_width - taken >= self.RESULT_LEAST
-        yield self.table(with_result)
-        if not with_result:
+        fixed = ["run", "started", "took", "verdict", "steps/s", "limit", *(["knobs"] if self.with_knobs else [])]
+        taken = sum(self._width(c) + 2 for c in fixed)  # each with its padding
+        inline = options.max_width - taken >= self.RESULT_LEAST
+        yield self.table(inline)
+        if not inline:  # each run's knobs and result below the table, a line each
             for row in self.rows:
-                if row["result"] != "-":
-                    yield Text(f"{row['run']}: {row['result']}", no_wrap=True, overflow="ellipsis")
+                said = "; ".join(x for x in (row["knobs"], row["result"]) if x != "-")
+                if said:
+                    yield Text(f"{row['run']}: {said}", no_wrap=True, overflow="ellipsis")
